@@ -1,0 +1,119 @@
+"""Animations that play on the static site: matplotlib ``FuncAnimation`` rendered to
+self-contained JavaScript HTML (``to_jshtml``), with the figure closed so no stray still
+frame is shown beside it (pitfall P21), and no request to a font CDN.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from IPython.display import HTML
+from matplotlib.animation import Animation, FuncAnimation
+
+# to_jshtml() draws its buttons with Font Awesome 4 icons loaded from a CDN. The site
+# must make no outside request, so the stylesheet link is dropped and each icon becomes
+# a plain Unicode symbol.
+_ICONS = {
+    "fa fa-fast-backward": "\u23ee",
+    "fa fa-step-backward": "\u23f4\u258f",
+    "fa fa-play fa-flip-horizontal": "\u25c0",
+    "fa fa-pause": "\u23f8",
+    "fa fa-play": "\u25b6",
+    "fa fa-step-forward": "\u2595\u23f5",
+    "fa fa-fast-forward": "\u23ed",
+    "fa fa-minus": "\u2212",
+    "fa fa-plus": "+",
+}
+_LINK = re.compile(r"<link[^>]*font-awesome[^>]*>", re.S)
+
+
+def animation_html(anim: Animation, *, default_mode: str = "once") -> HTML:
+    """Render an animation as self-contained JS HTML and close its figure.
+
+    Args:
+        anim: a matplotlib ``Animation`` (e.g. ``FuncAnimation``).
+        default_mode: "once", "loop" or "reflect" (the player's initial mode).
+
+    Returns:
+        ``IPython.display.HTML`` with a frame slider and play buttons; displaying it
+        gives exactly one text/html output.
+
+    Raises:
+        TypeError: if ``anim`` is not a matplotlib Animation.
+    """
+    if not isinstance(anim, Animation):
+        raise TypeError(f"anim: expected a matplotlib Animation, got {type(anim).__name__}")
+    html = anim.to_jshtml(default_mode=default_mode)
+    plt.close(anim._fig)
+    html = _LINK.sub("", html)
+    for cls, symbol in _ICONS.items():
+        html = html.replace(f'<i class="{cls}"></i>', symbol)
+    return HTML(html)
+
+
+def query_scan_animation(
+    scores,
+    key_tokens: Sequence[str],
+    *,
+    query_token: str = "query",
+    interval: int = 600,
+) -> HTML:
+    """One query scanning the keys while its attention weights form (chapter 1).
+
+    Frame j shows the scores of keys 0..j (left) and the softmax over the keys seen so
+    far (right); the last frame is the full softmax, i.e. the query's weight row. The
+    running normalisation is the same idea the FlashAttention chapter calls the online
+    softmax.
+
+    Args:
+        scores: (S,) scores of one query against S keys.
+        key_tokens: S labels.
+        query_token: label of the query, used in the title.
+
+    Returns:
+        Animation HTML (see ``animation_html``).
+
+    Raises:
+        ValueError: if ``scores`` is not 1-D or the labels do not match it.
+    """
+    s = scores.detach().float().cpu().numpy() if isinstance(scores, torch.Tensor) else np.asarray(scores, float)
+    if s.ndim != 1 or len(key_tokens) != len(s):
+        raise ValueError(
+            f"scores: expected shape (S,) with S = len(key_tokens) = {len(key_tokens)}, "
+            f"got {s.shape}"
+        )
+    n = len(s)
+    fig, (ax_s, ax_w) = plt.subplots(1, 2, figsize=(9, 3.2), layout="constrained")
+    x = np.arange(n)
+    pad = 0.1 * (np.abs(s).max() + 1e-9)
+    ax_s.set_ylim(min(s.min(), 0) - pad, max(s.max(), 0) + pad)
+    ax_w.set_ylim(0, 1.05)
+    for ax, label in ((ax_s, "score  q \u00b7 k / \u221ad"), (ax_w, "softmax weight")):
+        ax.set_xticks(x)
+        ax.set_xticklabels(key_tokens, rotation=45, ha="right")
+        ax.set_xlabel("key")
+        ax.set_ylabel(label)
+        ax.axhline(0, color="grey", lw=0.5)
+    bars_s = ax_s.bar(x, np.zeros(n), color="tab:blue")
+    bars_w = ax_w.bar(x, np.zeros(n), color="tab:orange")
+    title = fig.suptitle("")
+
+    def update(frame: int):
+        seen = s[: frame + 1]
+        w = np.exp(seen - seen.max())
+        w = w / w.sum()
+        for j in range(n):
+            bars_s[j].set_height(s[j] if j <= frame else 0.0)
+            bars_w[j].set_height(w[j] if j <= frame else 0.0)
+        title.set_text(
+            f"query '{query_token}': {frame + 1} of {n} keys scanned"
+            + (" (final weights)" if frame == n - 1 else "")
+        )
+        return (*bars_s, *bars_w, title)
+
+    anim = FuncAnimation(fig, update, frames=n, interval=interval, blit=False)
+    return animation_html(anim)

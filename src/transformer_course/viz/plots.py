@@ -1,0 +1,135 @@
+"""Static figures of attention: heatmaps of weight matrices and grids of heads.
+
+Every function takes tensors (or arrays) and returns a ``matplotlib.figure.Figure``,
+in the spirit of d2l's ``show_heatmaps``; the caller decides whether to show or save it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+
+
+def _as_numpy(x, name: str, ndim: int) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().float().cpu().numpy()
+    x = np.asarray(x, dtype=float)
+    if x.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {x.shape}")
+    return x
+
+
+def _draw(ax, w, x_labels, y_labels, title, cmap, annotate, vmax):
+    image = ax.imshow(w, cmap=cmap, vmin=0.0, vmax=vmax, aspect="auto")
+    ax.set_xlabel("key position (attended to)")
+    ax.set_ylabel("query position (attending)")
+    for labels, setter, ticks, n in (
+        (x_labels, ax.set_xticklabels, ax.set_xticks, w.shape[1]),
+        (y_labels, ax.set_yticklabels, ax.set_yticks, w.shape[0]),
+    ):
+        if labels is not None:
+            if len(labels) != n:
+                raise ValueError(f"labels: expected {n} labels, got {len(labels)}")
+            ticks(range(n))
+            setter(labels, rotation=90 if setter is ax.set_xticklabels else 0)
+    if annotate:
+        for i in range(w.shape[0]):
+            for j in range(w.shape[1]):
+                color = "white" if w[i, j] < 0.6 * vmax else "black"
+                ax.text(j, i, f"{w[i, j]:.2f}", ha="center", va="center",
+                        color=color, fontsize=8)
+    if title:
+        ax.set_title(title)
+    return image
+
+
+def attention_heatmap(
+    weights,
+    x_labels: Sequence[str] | None = None,
+    y_labels: Sequence[str] | None = None,
+    *,
+    title: str | None = None,
+    cmap: str = "viridis",
+    annotate: bool = False,
+    figsize: tuple[float, float] | None = None,
+) -> Figure:
+    """Draw one attention weight matrix as a heatmap with a colour bar.
+
+    Args:
+        weights: (T, S) tensor or array; rows are queries, columns keys.
+        x_labels: S key labels (tokens); y_labels: T query labels.
+        title: figure title. annotate: write each weight in its cell.
+
+    Returns:
+        The Figure (axes labelled "query position" / "key position").
+
+    Raises:
+        ValueError: if ``weights`` is not 2-D or a label list has the wrong length.
+    """
+    w = _as_numpy(weights, "weights", 2)
+    if figsize is None:
+        figsize = (1.0 + 0.45 * w.shape[1] + 1.2, 1.0 + 0.45 * w.shape[0])
+        figsize = (max(figsize[0], 3.5), max(figsize[1], 3.0))
+    fig, ax = plt.subplots(figsize=figsize, layout="constrained")
+    image = _draw(ax, w, x_labels, y_labels, title, cmap, annotate, max(w.max(), 1e-9))
+    fig.colorbar(image, ax=ax, label="attention weight")
+    plt.close(fig)  # the caller shows it; no stray copy in notebooks
+    return fig
+
+
+def attention_grid(
+    weights,
+    *,
+    row_label: str = "layer",
+    col_label: str = "head",
+    tokens: Sequence[str] | None = None,
+    title: str | None = None,
+    cmap: str = "viridis",
+    cell_size: float = 1.6,
+) -> Figure:
+    """Draw a grid of attention matrices, e.g. every (layer, head) of a model.
+
+    Args:
+        weights: (R, C, T, S) or (C, T, S) tensor/array.
+        row_label, col_label: what the grid's rows and columns are.
+        tokens: optional token labels, drawn on the first column / last row only.
+
+    Returns:
+        The Figure.
+
+    Raises:
+        ValueError: if ``weights`` is not 3-D or 4-D.
+    """
+    if isinstance(weights, torch.Tensor):
+        weights = weights.detach().float().cpu().numpy()
+    w = np.asarray(weights, dtype=float)
+    if w.ndim == 3:
+        w = w[None]
+    if w.ndim != 4:
+        raise ValueError(f"weights: expected (R, C, T, S) or (C, T, S), got {w.shape}")
+    n_rows, n_cols = w.shape[:2]
+    fig, axes = plt.subplots(
+        n_rows, n_cols, figsize=(cell_size * n_cols, cell_size * n_rows),
+        squeeze=False, layout="constrained",
+    )
+    for r in range(n_rows):
+        for c in range(n_cols):
+            ax = axes[r, c]
+            ax.imshow(w[r, c], cmap=cmap, vmin=0.0, vmax=1.0)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if r == 0:
+                ax.set_title(f"{col_label} {c}", fontsize=8)
+            if c == 0:
+                ax.set_ylabel(f"{row_label} {r}" if n_rows > 1 else "query", fontsize=8)
+            if tokens is not None and r == n_rows - 1:
+                ax.set_xticks(range(len(tokens)))
+                ax.set_xticklabels(tokens, rotation=90, fontsize=6)
+    if title:
+        fig.suptitle(title)
+    plt.close(fig)
+    return fig

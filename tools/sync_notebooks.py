@@ -1,0 +1,163 @@
+"""Generate notebooks/<chapter>.ipynb (for Colab) from book/<chapter>.md (MyST).
+
+    python tools/sync_notebooks.py          # write notebooks/
+    python tools/sync_notebooks.py --check  # exit 1 if notebooks/ is out of date
+
+What changes on the way:
+- a first code cell that installs the course's library from the repository configured in
+  _config.yml, skipped when the package is already importable;
+- MyST-only syntax becomes plain Markdown that Jupyter and Colab render: exercises become
+  headed sections, solutions collapsed <details> blocks, admonitions block quotes,
+  citations and cross-references plain text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import jupytext
+import nbformat
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK, NOTEBOOKS = ROOT / "book", ROOT / "notebooks"
+CHAPTER = re.compile(r"^\d\d_.+\.md$")
+
+
+def repository() -> tuple[str, str]:
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    return config["repository"]["url"].rstrip("/"), config["repository"]["branch"]
+
+
+def install_cell(url: str, branch: str) -> nbformat.NotebookNode:
+    source = f'''# Set-up: installs the course library when it is missing (e.g. in Colab);
+# does nothing where it is already installed. In Colab, pick a GPU under
+# Runtime -> Change runtime type; every chapter uses it when present.
+import importlib.util
+import subprocess
+import sys
+
+if importlib.util.find_spec("transformer_course") is None:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q",
+         "transformer_course @ git+{url}@{branch}"],
+        check=True,
+    )'''
+    return nbformat.v4.new_code_cell(source, metadata={"tags": ["colab-setup"]})
+
+
+_FENCE = re.compile(
+    r"^(?P<fence>`{3,}|:{3,})\{(?P<name>[\w-]+)\}[ \t]*(?P<arg>[^\n]*)\n"
+    r"(?P<body>.*?)^(?P=fence)[ \t]*$",
+    re.M | re.S,
+)
+_ADMONITIONS = {"note", "tip", "important", "warning", "caution", "attention", "hint",
+                "admonition", "seealso", "danger", "error"}
+
+
+def _strip_options(body: str) -> tuple[dict[str, str], str]:
+    options, lines = {}, body.split("\n")
+    while lines and lines[0].startswith(":"):
+        key, _, value = lines.pop(0)[1:].partition(":")
+        options[key.strip()] = value.strip()
+    return options, "\n".join(lines).strip("\n")
+
+
+def _directive(match: re.Match) -> str:
+    name, arg = match["name"], match["arg"].strip()
+    options, body = _strip_options(match["body"])
+    body = to_plain_markdown(body)
+    if name == "exercise":
+        return f"#### Exercise: {arg}\n\n{body}" if arg else f"#### Exercise\n\n{body}"
+    if name == "solution":
+        return f"<details>\n<summary>Solution (click to open)</summary>\n\n{body}\n\n</details>"
+    if name in _ADMONITIONS:
+        title = arg or name.capitalize()
+        quoted = "\n".join("> " + line if line else ">" for line in body.split("\n"))
+        return f"> **{title}**\n>\n{quoted}"
+    if name == "math":
+        return f"$$\n{body}\n$$"
+    if name in ("figure", "image"):
+        return f"![{options.get('alt', arg)}]({arg})\n\n{body}"
+    if name in ("bibliography",):
+        return "See the book's references page for the full bibliography."
+    return body
+
+
+_ROLE = re.compile(r"\{(?P<role>[\w:-]+)\}`(?P<text>[^`]*)`")
+
+
+def _role(match: re.Match) -> str:
+    role, text = match["role"], match["text"]
+    if role in ("cite", "cite:p", "cite:t", "cite:ps", "cite:ts"):
+        return "[" + "; ".join(key.strip() for key in text.split(",")) + "]"
+    if role == "math":
+        return f"${text}$"
+    title = re.match(r"^(.*?)\s*<[^>]+>$", text)
+    return title.group(1) if title else text
+
+
+def to_plain_markdown(text: str) -> str:
+    text = _FENCE.sub(_directive, text)
+    text = _ROLE.sub(_role, text)
+    return re.sub(r"^\([\w:-]+\)=\s*\n", "", text, flags=re.M)  # MyST targets
+
+
+def convert(md_path: Path, url: str, branch: str) -> nbformat.NotebookNode:
+    nb = jupytext.read(md_path)
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = to_plain_markdown(cell.source)
+        cell.pop("id", None)
+    nb.cells.insert(0, install_cell(url, branch))
+    nb.metadata.pop("jupytext", None)
+    nb.metadata["colab"] = {"provenance": [], "toc_visible": True}
+    nb.metadata["accelerator"] = "GPU"
+    nb.nbformat, nb.nbformat_minor = 4, 5
+    for i, cell in enumerate(nb.cells):  # stable ids keep the sync check deterministic
+        cell["id"] = f"{md_path.stem[:2]}-{i:03d}"
+    return nb
+
+
+def chapters() -> list[Path]:
+    return sorted(p for p in BOOK.glob("*.md") if CHAPTER.match(p.name))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="fail if out of date")
+    args = parser.parse_args(argv)
+    url, branch = repository()
+    NOTEBOOKS.mkdir(exist_ok=True)
+    stale = []
+    expected = set()
+    for md in chapters():
+        out = NOTEBOOKS / f"{md.stem}.ipynb"
+        expected.add(out.name)
+        text = nbformat.writes(convert(md, url, branch)) + "\n"
+        if out.exists() and out.read_text() == text:
+            continue
+        stale.append(out.name)
+        if not args.check:
+            out.write_text(text)
+    extra = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb") if p.name not in expected)
+    if args.check and (stale or extra):
+        print(
+            "notebooks/ is out of date with book/: "
+            + ", ".join(stale + [f"{e} (no chapter)" for e in extra])
+            + "\nRun `make notebooks` and commit the result.",
+            file=sys.stderr,
+        )
+        return 1
+    if not args.check:
+        for name in extra:
+            (NOTEBOOKS / name).unlink()
+        print(f"notebooks/: {len(expected)} chapter(s), {len(stale)} rewritten")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
