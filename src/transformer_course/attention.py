@@ -17,7 +17,8 @@ Sources:
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -305,3 +306,201 @@ class AdditiveAttention(nn.Module):
         return additive_attention(
             q, k, v, self.w_q.weight, self.w_k.weight, self.w_score.weight[0], mask
         )
+
+
+# ------------------------------------------------------------------ multi-head attention
+
+
+class KVCacheLike(Protocol):
+    """What ``MultiHeadAttention.forward(..., cache=...)`` needs from a KV cache
+    (``decoding.KVCache`` is one): ``update(k, v)`` appends this step's projected keys
+    and values, each (B, H, S_new, d_k), and returns all of them so far,
+    ``(k_all, v_all)``, each (B, H, S_past + S_new, d_k)."""
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
+
+
+def _check_sequence(name: str, x, d_model: int) -> None:
+    _check_tensor(name, x, min_dim=3)
+    if x.dim() != 3 or x.shape[-1] != d_model:
+        raise ValueError(
+            f"{name}: expected shape (B, length, d_model) with d_model = {d_model}, "
+            f"got {tuple(x.shape)}"
+        )
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention: H scaled dot-product attentions in learned subspaces.
+
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W^O with
+    head_h = Attention(Q W^Q_h, K W^K_h, V W^V_h), d_k = d_v = d_model / H.
+    The H projections W^Q_h are stored as one (d_model, d_model) ``nn.Linear`` whose
+    output rows h*d_k:(h+1)*d_k belong to head h (likewise for keys and values), so the
+    cost equals one head of width d_model. Derived in chapter 3.
+
+    Args:
+        d_model: model width D (> 0), divisible by ``n_heads``.
+        n_heads: number of heads H (> 0).
+        dropout: dropout probability on the attention weights, used in training only.
+        bias: whether the four projections have a bias.
+        backend: name of an entry of ``ATTENTION_BACKENDS`` ("naive", "sdpa", ...),
+            looked up at every call, so backends registered later can be chosen.
+
+    Shapes (forward):
+        query (B, T, D), key and value (B, S, D), floating point, one dtype.
+        mask: bool, True = may attend, broadcastable to (B, H, T, S): e.g. a causal
+            (T, S) mask, a padding (B, 1, 1, S) mask, a per-head (B, H, T, S) mask.
+        Returns ``(out, weights)``: out (B, T, D); weights (B, H, T, S) per head, each
+        row summing to 1 (0 for a query with no visible key), taken before dropout.
+        ``weights`` is None when ``need_weights=False`` or the backend does not
+        compute them (e.g. "sdpa"). Average over dim 1 for a per-layer view (P13).
+
+    Raises:
+        TypeError: non-int sizes, non-tensor or non-float inputs, a non-bool mask.
+        ValueError: d_model not divisible by n_heads, a dropout outside [0, 1), an
+            unknown backend, inputs whose shapes do not match (B, T, D) / (B, S, D),
+            a mask that does not broadcast to (B, H, T, S).
+
+    Source: Vaswani et al. 2017, "Attention Is All You Need", section 3.2.2.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        dropout: float = 0.0,
+        bias: bool = True,
+        backend: str = "naive",
+    ):
+        super().__init__()
+        for name, value in (("d_model", d_model), ("n_heads", n_heads)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+            if value < 1:
+                raise ValueError(f"{name}: expected a positive int, got {value}")
+        if d_model % n_heads:
+            raise ValueError(
+                f"d_model: expected a multiple of n_heads = {n_heads}, got {d_model}"
+            )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout: expected a probability in [0, 1), got {dropout}")
+        self.d_model, self.n_heads, self.d_k = d_model, n_heads, d_model // n_heads
+        self.dropout = dropout
+        self.backend = backend
+        self._backend_fn()  # fail early on an unknown name
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)  # W^Q of all heads
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)  # W^K of all heads
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)  # W^V of all heads
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
+
+    def _backend_fn(self) -> AttentionFn:
+        if self.backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"backend: expected one of {sorted(ATTENTION_BACKENDS)}, "
+                f"got {self.backend!r}"
+            )
+        return ATTENTION_BACKENDS[self.backend]
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        """(B, L, D) -> (B, H, L, d_k): head h gets features h*d_k:(h+1)*d_k (P8)."""
+        B, L, _ = x.shape
+        return x.view(B, L, self.n_heads, self.d_k).transpose(1, 2)  # (B, H, L, d_k)
+
+    def merge_heads(self, x: Tensor) -> Tensor:
+        """(B, H, L, d_k) -> (B, L, D): token t = [head 0 | head 1 | ...] (P9, P10)."""
+        B, _, L, _ = x.shape
+        return x.transpose(1, 2).reshape(B, L, self.d_model)  # (B, L, D)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        *,
+        cache: KVCacheLike | None = None,
+        need_weights: bool = True,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``query`` (B, T, D) to ``key``/``value`` (B, S, D).
+
+        With ``cache``, this call's projected keys and values are appended to it with
+        ``cache.update(k, v)`` and the queries attend to everything it returns, so
+        ``mask`` must then broadcast to (B, H, T, S_past + S).
+        """
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            _check_sequence(name, x, self.d_model)
+        if key.shape[:2] != value.shape[:2] or key.shape[0] != query.shape[0]:
+            raise ValueError(
+                "query, key, value: expected (B, T, D), (B, S, D), (B, S, D), got "
+                f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
+            )
+        attend = self._backend_fn()
+        q = self.split_heads(self.q_proj(query))  # (B, H, T, d_k)
+        k = self.split_heads(self.k_proj(key))  # (B, H, S, d_k)
+        v = self.split_heads(self.v_proj(value))  # (B, H, S, d_k)
+        if cache is not None:
+            k, v = cache.update(k, v)  # (B, H, S_past + S, d_k) each
+        if mask is not None:
+            B, H, T, S = (*q.shape[:3], k.shape[2])
+            if isinstance(mask, Tensor) and mask.dim() > 4:
+                raise ValueError(
+                    f"mask: expected at most 4 dimensions (B, H, T, S) = "
+                    f"{(B, H, T, S)}, got {tuple(mask.shape)}"
+                )
+            check_mask(mask, (B, H, T, S))
+        p = self.dropout if self.training else 0.0
+        out, weights = attend(q, k, v, mask, dropout_p=p)  # (B, H, T, d_k), (B, H, T, S)
+        out = self.out_proj(self.merge_heads(out))  # (B, T, D)
+        return out, (weights if need_weights else None)
+
+    @torch.no_grad()
+    def load_from_torch_mha(self, mha: nn.MultiheadAttention) -> MultiHeadAttention:
+        """Copy the weights of a ``torch.nn.MultiheadAttention`` into this module (used
+        by the parity tests). PyTorch stacks W^Q, W^K, W^V in ``in_proj_weight``
+        (3D, D) in that order. Returns ``self``.
+
+        Raises:
+            TypeError: if ``mha`` is not an ``nn.MultiheadAttention``.
+            ValueError: if its d_model, n_heads or bias differ from this module's, or it
+                uses features this module does not have (kdim/vdim != embed_dim,
+                add_bias_kv).
+        """
+        if not isinstance(mha, nn.MultiheadAttention):
+            raise TypeError(
+                f"mha: expected a torch.nn.MultiheadAttention, got {type(mha).__name__}"
+            )
+        theirs = (mha.embed_dim, mha.num_heads, mha.in_proj_bias is not None)
+        ours = (self.d_model, self.n_heads, self.q_proj.bias is not None)
+        if theirs != ours:
+            raise ValueError(
+                f"mha: expected (d_model, n_heads, bias) = {ours}, got {theirs}"
+            )
+        if not mha._qkv_same_embed_dim or mha.bias_k is not None:
+            raise ValueError(
+                "mha: kdim/vdim != embed_dim and add_bias_kv are not supported"
+            )
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        for proj, w in zip(projections, mha.in_proj_weight.chunk(3)):
+            proj.weight.copy_(w)
+        if mha.in_proj_bias is not None:
+            for proj, b in zip(projections, mha.in_proj_bias.chunk(3)):
+                proj.bias.copy_(b)
+            self.out_proj.bias.copy_(mha.out_proj.bias)
+        self.out_proj.weight.copy_(mha.out_proj.weight)
+        return self
+
+    @classmethod
+    def from_torch_mha(cls, mha: nn.MultiheadAttention, **kwargs) -> MultiHeadAttention:
+        """A new module with the sizes, dropout and weights of ``mha`` (see
+        ``load_from_torch_mha``); ``kwargs`` (e.g. ``backend``) go to the constructor."""
+        if not isinstance(mha, nn.MultiheadAttention):
+            raise TypeError(
+                f"mha: expected a torch.nn.MultiheadAttention, got {type(mha).__name__}"
+            )
+        kwargs.setdefault("dropout", mha.dropout)
+        module = cls(
+            mha.embed_dim, mha.num_heads, bias=mha.in_proj_bias is not None, **kwargs
+        )
+        module = module.to(mha.in_proj_weight.device, mha.in_proj_weight.dtype)
+        return module.load_from_torch_mha(mha)
