@@ -16,11 +16,15 @@ Devlin et al. 2019, "BERT" (the architecture).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+from transformer_course.attention import MultiHeadAttention
 
 Tensor = torch.Tensor
 
@@ -76,10 +80,14 @@ def load_minilm_state_dict() -> dict[str, Tensor]:
 @lru_cache(maxsize=1)
 def load_minilm_tokenizer():
     """The model's WordPiece tokenizer (Hugging Face ``tokenizers``), which adds
-    [CLS] ... [SEP] around each sentence."""
+    [CLS] ... [SEP] around each sentence and truncates to 128 tokens. The shipped
+    ``tokenizer.json`` pads every sentence to 128 tokens; that padding is switched off
+    here, so a sentence gives only its own tokens."""
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(str(minilm_dir() / "tokenizer.json"))
+    tokenizer = Tokenizer.from_file(str(minilm_dir() / "tokenizer.json"))
+    tokenizer.no_padding()
+    return tokenizer
 
 
 def tokenize(sentence: str) -> tuple[Tensor, list[str]]:
@@ -142,3 +150,201 @@ def attention_projections(layer: int) -> dict[str, tuple[Tensor, Tensor]]:
         name: (sd[prefix + name + ".weight"], sd[prefix + name + ".bias"])
         for name in ("query", "key", "value")
     }
+
+
+# ------------------------------------------------ the encoder, built from this library
+
+
+def tokenize_batch(sentences: list[str]) -> tuple[Tensor, Tensor, list[list[str]]]:
+    """Token ids (B, S) int64 padded with [PAD] at the end, the key mask (B, S) bool
+    (True = real token, may be attended to) and each sentence's token strings.
+
+    Raises:
+        TypeError: if ``sentences`` is not a list of str. ValueError: if it is empty or
+            holds an empty string.
+    """
+    if isinstance(sentences, str) or not isinstance(sentences, (list, tuple)):
+        raise TypeError(
+            f"sentences: expected a list of str, got {type(sentences).__name__}"
+        )
+    if not sentences:
+        raise ValueError("sentences: expected at least one sentence, got none")
+    encoded = [tokenize(s) for s in sentences]
+    s_max = max(ids.shape[1] for ids, _ in encoded)
+    pad_id = load_minilm_config()["pad_id"]
+    ids = torch.full((len(sentences), s_max), pad_id, dtype=torch.long)
+    for b, (row, _) in enumerate(encoded):
+        ids[b, : row.shape[1]] = row[0]
+    lengths = torch.tensor([row.shape[1] for row, _ in encoded])
+    keep = torch.arange(s_max)[None, :] < lengths[:, None]  # (B, S)
+    return ids, keep, [tokens for _, tokens in encoded]
+
+
+class MiniLMLayer(nn.Module):
+    """One BERT encoder layer, post-LayerNorm (Devlin et al. 2019; Vaswani et al. 2017,
+    section 3.1): x = LN(x + MHA(x)); x = LN(x + W_2 GELU(W_1 x)).
+
+    Shapes: x (B, S, D), mask bool broadcastable to (B, H, S, S) -> (x, weights) with
+    weights (B, H, S, S).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, eps: float):
+        super().__init__()
+        self.attn = MultiHeadAttention(d_model, n_heads)
+        self.attn_norm = nn.LayerNorm(d_model, eps=eps)
+        self.ff_in = nn.Linear(d_model, d_ff)
+        self.ff_out = nn.Linear(d_ff, d_model)
+        self.ff_norm = nn.LayerNorm(d_model, eps=eps)
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        a, weights = self.attn(x, x, x, mask)  # (B, S, D), (B, H, S, S)
+        x = self.attn_norm(x + a)
+        x = self.ff_norm(x + self.ff_out(F.gelu(self.ff_in(x))))  # exact (erf) GELU
+        return x, weights
+
+
+@dataclass
+class EncoderOutput:
+    """What ``MiniLMEncoder`` returns.
+
+    Attributes:
+        hidden_states: the last layer's output (B, S, D).
+        all_hidden_states: the embeddings and every layer's output (L + 1, B, S, D).
+        attentions: every layer's per-head weights (L, B, H, S, S); rows of padded
+            keys are 0 in every column that is padding.
+    """
+
+    hidden_states: Tensor
+    all_hidden_states: Tensor
+    attentions: Tensor
+
+
+class MiniLMEncoder(nn.Module):
+    """all-MiniLM-L6-v2 as a BERT-style encoder made of this library's
+    ``MultiHeadAttention`` (6 layers, 12 heads, d_model 384, d_ff 1536).
+
+    ``forward(ids, mask=None)``: ids (B, S) int64; mask (B, S) bool, True = real token
+    (default: ``ids != pad_id``). Returns an ``EncoderOutput``.
+
+    Raises:
+        TypeError: if ``ids`` is not an integer tensor or ``mask`` not a bool one.
+        ValueError: if ``ids`` is not (B, S), longer than 512 positions, or ``mask``
+            has another shape.
+
+    Source: Devlin et al. 2019 (BERT architecture); Wang et al. 2020 (MiniLM);
+    Reimers and Gurevych 2019 (the sentence-transformers fine-tuning).
+    """
+
+    def __init__(self, cfg: dict | None = None):
+        super().__init__()
+        cfg = dict(load_minilm_config() if cfg is None else cfg)
+        self.cfg = cfg
+        d = cfg["d_model"]
+        self.word_embeddings = nn.Embedding(cfg["vocab_size"], d)
+        self.position_embeddings = nn.Embedding(cfg["max_len"], d)
+        self.segment_embeddings = nn.Embedding(2, d)
+        self.embed_norm = nn.LayerNorm(d, eps=cfg["layer_norm_eps"])
+        self.layers = nn.ModuleList(
+            MiniLMLayer(d, cfg["n_heads"], cfg["d_ff"], cfg["layer_norm_eps"])
+            for _ in range(cfg["n_layers"])
+        )
+
+    def forward(self, ids: Tensor, mask: Tensor | None = None) -> EncoderOutput:
+        integer = isinstance(ids, Tensor) and not (
+            ids.dtype.is_floating_point or ids.dtype == torch.bool
+        )
+        if not integer:
+            got = ids.dtype if isinstance(ids, Tensor) else type(ids).__name__
+            raise TypeError(f"ids: expected an integer torch.Tensor, got {got}")
+        if ids.dim() != 2 or ids.shape[1] > self.cfg["max_len"]:
+            raise ValueError(
+                f"ids: expected shape (B, S) with S <= {self.cfg['max_len']}, "
+                f"got {tuple(ids.shape)}"
+            )
+        if mask is None:
+            mask = ids != self.cfg["pad_id"]
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+            raise TypeError("mask: expected a bool tensor (B, S), True = real token")
+        if mask.shape != ids.shape:
+            raise ValueError(
+                f"mask: expected shape (B, S) = {tuple(ids.shape)}, "
+                f"got {tuple(mask.shape)}"
+            )
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        x = (
+            self.word_embeddings(ids)
+            + self.position_embeddings(positions)
+            + self.segment_embeddings.weight[0]
+        )  # (B, S, D)
+        x = self.embed_norm(x)
+        key_mask = mask[:, None, None, :]  # (B, 1, 1, S): hide padded keys
+        hidden, attentions = [x], []
+        for layer in self.layers:
+            x, weights = layer(x, key_mask)
+            hidden.append(x)
+            attentions.append(weights)
+        return EncoderOutput(x, torch.stack(hidden), torch.stack(attentions))
+
+    @torch.no_grad()
+    def load_hf_state_dict(self, sd: dict[str, Tensor]) -> MiniLMEncoder:
+        """Copy weights named as in Hugging Face's ``BertModel`` into this module (the
+        only place where their names meet ours). Returns ``self``.
+
+        Raises:
+            KeyError: naming the first weight that ``sd`` lacks.
+        """
+        ours = {
+            "word_embeddings.weight": "embeddings.word_embeddings.weight",
+            "position_embeddings.weight": "embeddings.position_embeddings.weight",
+            "segment_embeddings.weight": "embeddings.token_type_embeddings.weight",
+            "embed_norm.weight": "embeddings.LayerNorm.weight",
+            "embed_norm.bias": "embeddings.LayerNorm.bias",
+        }
+        per_layer = {
+            "attn.q_proj": "attention.self.query",
+            "attn.k_proj": "attention.self.key",
+            "attn.v_proj": "attention.self.value",
+            "attn.out_proj": "attention.output.dense",
+            "attn_norm": "attention.output.LayerNorm",
+            "ff_in": "intermediate.dense",
+            "ff_out": "output.dense",
+            "ff_norm": "output.LayerNorm",
+        }
+        for i in range(len(self.layers)):
+            for mine, theirs in per_layer.items():
+                for p in ("weight", "bias"):
+                    ours[f"layers.{i}.{mine}.{p}"] = f"encoder.layer.{i}.{theirs}.{p}"
+        params = dict(self.named_parameters())
+        for mine, theirs in ours.items():
+            if theirs not in sd:
+                raise KeyError(f"sd: expected a weight named {theirs!r}, it is missing")
+            params[mine].copy_(sd[theirs])
+        return self
+
+
+def load_minilm_encoder(device=None) -> MiniLMEncoder:
+    """A ``MiniLMEncoder`` holding the real all-MiniLM-L6-v2 weights, in eval mode, on
+    ``device`` (default: the CPU). Loaded from the installed package, offline."""
+    model = MiniLMEncoder().load_hf_state_dict(_state_dict())
+    return model.to(device or "cpu").eval()
+
+
+@torch.no_grad()
+def attention_maps(
+    sentence: str, model: MiniLMEncoder | None = None
+) -> tuple[list[str], Tensor]:
+    """Tokens of ``sentence`` and the real weights of every layer and head.
+
+    Returns:
+        ``(tokens, weights)``: S token strings ([CLS] ... [SEP]) and weights
+        (L, H, S, S) float32 on the CPU: weights[l, h, i, j] is how much token i
+        attends to token j in head h of layer l.
+
+    Raises:
+        TypeError / ValueError: as ``tokenize``.
+    """
+    model = load_minilm_encoder() if model is None else model
+    ids, tokens = tokenize(sentence)
+    device = next(model.parameters()).device
+    out = model(ids.to(device))
+    return tokens, out.attentions[:, 0].float().cpu()  # (L, H, S, S)
