@@ -1,0 +1,256 @@
+"""Generating text: the KV cache, greedy decoding, beam search and sampling.
+
+Derived in chapter 6 (greedy and beam search for the translator) and used in chapter 7
+(sampling from the decoder-only LM, KV cache cost). Shape letters: B batch,
+K beam size, H heads, S sequence length so far, d_k head size, V vocabulary.
+
+Every decoder here feeds only the newest token to the model at each step and keeps
+the keys and values of the earlier tokens in a ``KVCache`` per layer, so a step costs
+O(S) instead of re-running the whole prefix (O(S^2)).
+
+Sources: Vaswani et al. 2017, section 6.1 (beam size 4, length penalty 0.6);
+Wu et al. 2016, "Google's Neural Machine Translation System", section 7, equation (14)
+(length penalty); Holtzman et al. 2020, "The Curious Case of Neural Text Degeneration"
+(top-p / nucleus sampling); Fan et al. 2018 (top-k sampling).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from transformer_course.data import BOS_ID, EOS_ID, PAD_ID
+
+Tensor = torch.Tensor
+
+
+class KVCache:
+    """The keys and values a self-attention layer has seen so far.
+
+    ``update(k, v)`` appends this step's keys and values, each (B, H, S_new, d_k),
+    along the sequence axis and returns everything so far, (B, H, S_past + S_new, d_k);
+    ``length`` is S_past + S_new. ``reorder(index)`` keeps batch rows ``index`` (beam
+    search moves hypotheses between beams).
+
+    Raises (``update``): ValueError when k and v disagree, or differ from the cached
+    tensors in anything but the sequence length.
+    """
+
+    def __init__(self):
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if k.dim() != 4 or k.shape[:3] != v.shape[:3]:
+            raise ValueError(
+                "k, v: expected (B, H, S_new, d_k) with the same first three sizes, got "
+                f"{tuple(k.shape)} and {tuple(v.shape)}"
+            )
+        if self.k is None:
+            self.k, self.v = k, v
+        else:
+            if k.shape[:2] != self.k.shape[:2] or k.shape[3] != self.k.shape[3]:
+                raise ValueError(
+                    f"k: expected (B, H, S_new, d_k) = {tuple(self.k.shape[:2])} + "
+                    f"(S_new, {self.k.shape[3]}) to match the cache, got {tuple(k.shape)}"
+                )
+            self.k = torch.cat([self.k, k], dim=2)  # (B, H, S_past + S_new, d_k)
+            self.v = torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+    def reorder(self, index: Tensor) -> None:
+        if self.k is not None:
+            self.k, self.v = self.k[index], self.v[index]
+
+
+def new_caches(model) -> list[KVCache]:
+    """One empty ``KVCache`` per decoder layer of a ``Transformer`` or ``DecoderOnlyLM``."""
+    layers = model.decoder.layers if hasattr(model, "decoder") else model.layers
+    return [KVCache() for _ in layers]
+
+
+def _strip(row: list[int]) -> list[int]:
+    """Tokens up to (not including) the first EOS, without BOS/PAD."""
+    out = []
+    for t in row:
+        if t == EOS_ID:
+            break
+        if t not in (BOS_ID, PAD_ID):
+            out.append(t)
+    return out
+
+
+@torch.no_grad()
+def greedy_decode(model, src: Tensor, max_len: int | None = None, *, use_cache=True):
+    """Translate a batch by always taking the most likely next token.
+
+    Args:
+        model: a ``Transformer``.
+        src: source ids (B, S), right-padded with the pad id.
+        max_len: most tokens to generate (default: what positions allow).
+        use_cache: feed one token a step with a KV cache (True), or re-run the whole
+            prefix every step (False, for the equivalence test and the benchmark).
+
+    Returns:
+        One list of token ids per source row, without BOS and EOS.
+    """
+    model.eval()
+    memory, src_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)
+    B = src.shape[0]
+    max_len = max_len or model.cfg.max_len - 1
+    tokens = torch.full((B, 1), BOS_ID, dtype=torch.long, device=src.device)  # (B, 1)
+    done = torch.zeros(B, dtype=torch.bool, device=src.device)
+    caches = new_caches(model) if use_cache else None
+    for _ in range(max_len):
+        step_in = tokens[:, -1:] if use_cache else tokens  # (B, 1) or (B, t)
+        logits = model.decode(step_in, memory, src_mask, caches=caches)[:, -1]  # (B, V)
+        nxt = logits.argmax(-1).masked_fill(done, PAD_ID)  # finished rows get padding
+        tokens = torch.cat([tokens, nxt[:, None]], dim=1)  # (B, t + 1)
+        done |= nxt == EOS_ID
+        if done.all():
+            break
+    return [_strip(row) for row in tokens.tolist()]
+
+
+def length_penalty_gnmt(length: Tensor, alpha: float) -> Tensor:
+    """lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al. 2016, equation 14); 1 when alpha = 0."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+@torch.no_grad()
+def beam_search(
+    model,
+    src: Tensor,
+    max_len: int | None = None,
+    *,
+    beam_size: int = 4,
+    length_penalty: float = 0.6,
+):
+    """Translate a batch keeping the ``beam_size`` best partial translations.
+
+    Each step extends every hypothesis by every token, scores it by its total
+    log-probability, and keeps the K best per source; a hypothesis that produced EOS
+    is finished and carries its score unchanged. At the end each finished hypothesis
+    is ranked by log P(Y | X) / lp(Y) (GNMT length penalty, ``alpha = length_penalty``;
+    0 means no penalty, and then short hypotheses are favoured). With ``beam_size=1``
+    this is greedy decoding.
+
+    Args:
+        model: a ``Transformer``; src: (B, S) ids; max_len: most tokens to generate.
+        beam_size: K >= 1. length_penalty: alpha >= 0.
+
+    Returns:
+        One list of token ids per source row (the best hypothesis), without BOS/EOS.
+
+    Raises:
+        ValueError: for beam_size < 1 or a negative length_penalty.
+    """
+    if not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"beam_size: expected an int >= 1, got {beam_size!r}")
+    if length_penalty < 0:
+        raise ValueError(f"length_penalty: expected alpha >= 0, got {length_penalty}")
+    model.eval()
+    B, K = src.shape[0], beam_size
+    memory, src_mask = model.encode(src)  # (B, S, D)
+    memory = memory.repeat_interleave(K, dim=0)  # (B*K, S, D)
+    src_mask = src_mask.repeat_interleave(K, dim=0)  # (B*K, 1, 1, S)
+    max_len = max_len or model.cfg.max_len - 1
+    dev = src.device
+    tokens = torch.full((B * K, 1), BOS_ID, dtype=torch.long, device=dev)  # (B*K, 1)
+    scores = torch.zeros(B, K, device=dev)
+    scores[:, 1:] = float("-inf")  # all K beams start identical: keep only one
+    done = torch.zeros(B * K, dtype=torch.bool, device=dev)
+    caches = new_caches(model)
+    for _ in range(max_len):
+        logits = model.decode(tokens[:, -1:], memory, src_mask, caches=caches)[:, -1]
+        logp = F.log_softmax(logits.float(), dim=-1)  # (B*K, V)
+        V = logp.shape[-1]
+        logp[done] = float("-inf")  # a finished hypothesis only extends with PAD,
+        logp[done, PAD_ID] = 0.0  # at no cost
+        cand = (scores.view(B * K, 1) + logp).view(B, K * V)  # (B, K*V)
+        scores, flat = cand.topk(K, dim=-1)  # (B, K)
+        beam, tok = flat // V, flat % V  # which hypothesis, which token
+        rows = (torch.arange(B, device=dev)[:, None] * K + beam).view(-1)  # (B*K,)
+        tokens = torch.cat([tokens[rows], tok.view(-1, 1)], dim=1)  # (B*K, t + 1)
+        for cache in caches:
+            cache.reorder(rows)
+        done = done[rows] | (tok.view(-1) == EOS_ID)
+        if done.all():
+            break
+    length = ((tokens != PAD_ID) & (tokens != BOS_ID)).sum(-1).view(B, K)  # with EOS
+    final = scores / length_penalty_gnmt(length.float(), length_penalty)  # (B, K)
+    best = final.argmax(-1)  # (B,)
+    rows = (torch.arange(B, device=dev) * K + best).tolist()
+    return [_strip(tokens[r].tolist()) for r in rows]
+
+
+@torch.no_grad()
+def sample(
+    model,
+    prompt: Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Continue ``prompt`` with a ``DecoderOnlyLM``, one sampled token at a time.
+
+    Each step divides the logits by ``temperature`` (0 = always the most likely
+    token), keeps the ``top_k`` most likely tokens and/or the smallest set whose
+    probability reaches ``top_p`` (nucleus), renormalises, and draws.
+
+    Args:
+        prompt: ids (B, T) with T >= 1. max_new_tokens: tokens to add.
+        temperature: >= 0. top_k: >= 1 or None. top_p: in (0, 1] or None.
+        generator: a seeded ``torch.Generator`` for reproducible draws.
+
+    Returns:
+        ids (B, T + max_new_tokens).
+
+    Raises:
+        ValueError: for a negative temperature, top_k < 1, or top_p outside (0, 1].
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature: expected >= 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k: expected an int >= 1, got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p: expected a probability in (0, 1], got {top_p}")
+    model.eval()
+    caches = new_caches(model)
+    ids, step_in = prompt, prompt
+    for _ in range(max_new_tokens):
+        logits = model(step_in, caches=caches)[:, -1].float()  # (B, V)
+        if temperature == 0:
+            nxt = logits.argmax(-1, keepdim=True)  # (B, 1)
+        else:
+            probs = F.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
+            nxt = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
+        ids = torch.cat([ids, nxt], dim=1)
+        step_in = nxt
+    return ids
+
+
+def filter_logits(
+    logits: Tensor, top_k: int | None = None, top_p: float | None = None
+) -> Tensor:
+    """Set to -inf every logit outside the top k and outside the nucleus of mass top_p.
+
+    Shapes: (B, V) -> (B, V). The most likely token always survives.
+    """
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V)
+        cum = F.softmax(sorted_logits, dim=-1).cumsum(-1)
+        drop_sorted = cum - F.softmax(sorted_logits, dim=-1) >= top_p  # mass before it
+        drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
