@@ -274,3 +274,80 @@ def test_bad_forward_inputs_name_the_argument():
 
 def test_backends_registry_has_naive_and_sdpa():
     assert {"naive", "sdpa"} <= set(ATTENTION_BACKENDS)
+
+
+# ------------------------------------------------------------- chapter 3 exercise checks
+
+
+def split_ok(x, n_heads):
+    B, T, D = x.shape
+    return x.view(B, T, n_heads, D // n_heads).transpose(1, 2)
+
+
+def split_p8(x, n_heads):
+    B, T, D = x.shape
+    return x.view(B, n_heads, T, D // n_heads)
+
+
+def merge_ok(heads):
+    B, H, T, d = heads.shape
+    return heads.transpose(1, 2).reshape(B, T, H * d)
+
+
+def merge_p9(heads):
+    B, H, T, d = heads.shape
+    return heads.reshape(B, T, H * d)
+
+
+def mha_ok(query, key, value, w_q, w_k, w_v, w_o, n_heads, mask=None):
+    from transformer_course.attention import scaled_dot_product_attention
+
+    q, k, v = (split_ok(x @ w.T, n_heads) for x, w in
+               ((query, w_q), (key, w_k), (value, w_v)))
+    out, weights = scaled_dot_product_attention(q, k, v, mask)
+    return merge_ok(out) @ w_o.T, weights
+
+
+def mha_averaged(*args, **kwargs):
+    out, weights = mha_ok(*args, **kwargs)
+    return out, weights.mean(1)
+
+
+def mha_p9(query, key, value, w_q, w_k, w_v, w_o, n_heads, mask=None):
+    from transformer_course.attention import scaled_dot_product_attention
+
+    q, k, v = (split_ok(x @ w.T, n_heads) for x, w in
+               ((query, w_q), (key, w_k), (value, w_v)))
+    out, weights = scaled_dot_product_attention(q, k, v, mask)
+    return merge_p9(out) @ w_o.T, weights
+
+
+def test_ch3_checks_accept_right_answers_and_skip_stubs(capsys):
+    from transformer_course.checks import (
+        check_merge_heads,
+        check_multi_head_attention,
+        check_split_heads,
+    )
+
+    def stub(*args):
+        raise NotImplementedError("your code here")
+
+    assert check_split_heads(split_ok) and check_merge_heads(merge_ok)
+    assert check_multi_head_attention(mha_ok)
+    assert not any(c(stub) for c in (check_split_heads, check_merge_heads,
+                                     check_multi_head_attention))
+    out = capsys.readouterr().out
+    assert out.count("passed") == 3 and out.count("not attempted yet") == 3
+
+
+@param("check_name, fn, words", [
+    ("check_split_heads", split_p8, "P8"),
+    ("check_merge_heads", merge_p9, "P9"),
+    ("check_multi_head_attention", mha_averaged, "P13"),
+    ("check_multi_head_attention", mha_p9, "out differs"),
+])
+def test_ch3_checks_reject_the_pitfalls(check_name, fn, words):
+    from transformer_course import checks
+
+    with pytest.raises(checks.CheckError, match=words):
+        getattr(checks, check_name)(fn)

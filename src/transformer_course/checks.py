@@ -189,3 +189,225 @@ def check_dot_product_attention(
                     "mixes the batch.",
                 )
     return _passed("batched dot-product attention matches the reference on 3 random inputs")
+
+
+# ------------------------------------- chapters 2 and 3: scaled dot-product, multi-head
+
+
+def not_attempted_is_false(check: Callable[..., bool]) -> Callable[..., bool]:
+    """Decorator for checks: when the learner's function still raises
+    ``NotImplementedError`` (the stub), print "not attempted yet ..." and return False
+    instead of raising, so a chapter with untouched stubs runs top to bottom."""
+
+    def wrapped(fn, *args, **kwargs) -> bool:
+        try:
+            return check(fn, *args, **kwargs)
+        except NotImplementedError:
+            name = getattr(fn, "__name__", "your function")
+            print(f"not attempted yet: {name} raises NotImplementedError; "
+                  "write its body and run this cell again.")
+            return False
+
+    wrapped.__name__, wrapped.__doc__ = check.__name__, check.__doc__
+    wrapped.__wrapped__ = check
+    return wrapped
+
+
+@not_attempted_is_false
+def check_stable_softmax(fn: Callable[..., Tensor]) -> bool:
+    """Chapter 2, exercise "stable masked softmax": ``fn(scores, mask=None)`` with scores
+    (..., T, S) and an optional bool mask broadcastable to them (True = keep) must return
+    softmax over the last axis, exact zeros where masked, and an all-zero row where a
+    query keeps no key (not NaN, pitfall P1; not uniform, pitfall P6), even for scores
+    in the thousands.
+
+    Raises:
+        CheckError: naming overflow (NaN/inf), the wrong axis, a masked entry with
+            weight, a NaN or uniform empty row, or the first wrong value.
+    """
+    gen = torch.Generator().manual_seed(3)
+    scores = torch.randn(2, 3, 5, generator=gen)
+    w = fn(scores)
+    check_shape(w, scores.shape, "weights")
+    if not torch.allclose(w.sum(-1), torch.ones(2, 3), atol=1e-5):
+        _fail("the weights of a row do not sum to 1 over the last axis (the keys)",
+              "normalise over dim=-1: exp(s) / exp(s).sum(dim=-1, keepdim=True).")
+    check_close(w, torch.softmax(scores, -1), name="weights")
+    big = scores * 10 + 1000.0  # exp(1000) overflows float32
+    w = fn(big)
+    if not torch.isfinite(w).all():
+        _fail("scores around 1000 give NaN or inf: exp() overflowed",
+              "subtract the row maximum before exp; softmax does not change when a "
+              "constant is subtracted from a row.")
+    check_close(w, torch.softmax(big, -1), name="weights for large scores")
+    mask = torch.rand(2, 3, 5, generator=gen) > 0.4
+    mask[:, :, 0] = True
+    mask[1, 2] = False  # one row sees no key at all
+    w = fn(scores, mask)
+    check_shape(w, scores.shape, "masked weights")
+    if torch.isnan(w[1, 2]).any():
+        _fail("a row whose keys are all masked gives NaN (pitfall P1)",
+              "when a row has no visible key, its sum is 0: divide only where the sum "
+              "is positive and leave the row at 0.")
+    if (w[1, 2] != 0).any():
+        _fail(f"a row whose keys are all masked gives {w[1, 2].tolist()}, expected zeros "
+              "(pitfall P6: filling with a large negative number makes it uniform)",
+              "use -inf for masked entries (exp gives exactly 0) and guard the division.")
+    if (w[~mask] != 0).any():
+        _fail("a masked key got a non-zero weight",
+              "True in the mask means 'may attend': set scores to -inf where mask is False.")
+    check_close(w, masked_softmax(scores, mask), name="masked weights")
+    return _passed("stable masked softmax: large scores, masks and empty rows are right")
+
+
+@not_attempted_is_false
+def check_masked_attention(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
+    """Chapter 2, exercises "scaled, masked attention" and "find the bug":
+    ``fn(q, k, v, mask=None)`` with q (B, T, d_k), k (B, S, d_k), v (B, S, d_v) and a
+    bool mask broadcastable to (B, T, S) (True = may attend) must return
+    ``(out, weights)`` as ``scaled_dot_product_attention`` does.
+
+    Raises:
+        CheckError: naming a missing 1/sqrt(d_k) (P12), a softmax over the wrong axis
+            (P11), an inverted mask (P3), NaN for a query with no key (P1), batch items
+            leaking into each other, or the first wrong value.
+    """
+    gen = torch.Generator().manual_seed(4)
+    for b, t, s, d, dv in ((1, 1, 2, 3, 2), (2, 3, 4, 8, 5), (3, 4, 4, 16, 3)):
+        q, k, v = _random_qkv(gen, (b,), t, s, d, dv)
+        out, w = fn(q, k, v)
+        check_shape(w, (b, t, s), "weights")
+        check_shape(out, (b, t, dv), "out")
+        ref_out, ref_w = scaled_dot_product_attention(q, k, v)
+        sums = w.sum(-1)
+        if not torch.allclose(sums, torch.ones(b, t), atol=1e-5):
+            _fail(f"weights of a query sum to {sums.flatten()[0].item():.3f} over the "
+                  "keys, expected 1: the softmax ran over the batch or query axis "
+                  "(pitfall P11)",
+                  "softmax(scores, dim=-1): the keys are the last axis.")
+        unscaled = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+        if torch.allclose(w, unscaled, atol=1e-5) and not torch.allclose(
+                unscaled, ref_w, atol=1e-5):
+            _fail("your weights are softmax(q k^T) without the 1/sqrt(d_k) scale "
+                  "(pitfall P12)",
+                  "divide the scores by math.sqrt(q.shape[-1]) before the softmax.")
+        check_close(w, ref_w, name="weights")
+        check_close(out, ref_out, name="out")
+        if b > 1:
+            perm = torch.randperm(b, generator=gen)
+            out_p, _ = fn(q[perm], k[perm], v[perm])
+            if not torch.allclose(out_p, out[perm], atol=1e-5):
+                _fail("permuting the batch does not permute the outputs: batch items "
+                      "leak into each other (pitfall P11)",
+                      "never normalise or transpose over dim 0.")
+    q, k, v = _random_qkv(gen, (2,), 3, 4, 8, 5)
+    mask = torch.tensor([[True, True, False, False], [True, True, True, False],
+                         [False, False, False, False]])  # (T, S): last query sees nothing
+    out, w = fn(q, k, v, mask)
+    ref_out, ref_w = scaled_dot_product_attention(q, k, v, mask)
+    if not (torch.isfinite(out).all() and torch.isfinite(w).all()):
+        _fail("a query whose keys are all masked gives NaN (pitfall P1)",
+              "that row's weights and output must be 0: guard the softmax's division.")
+    if (w[:, :2][~mask[:2].expand(2, 2, 4)] != 0).any():
+        if torch.allclose(w[:, 0, 2:].sum(-1), torch.ones(2), atol=1e-5):
+            _fail("the mask is inverted: your weights sit on the keys the mask hides "
+                  "(pitfall P3)",
+                  "here True means 'may attend'; PyTorch's nn.MultiheadAttention uses "
+                  "the opposite convention.")
+        _fail("a masked key got a non-zero weight",
+              "set the scores to -inf where the mask is False before the softmax.")
+    check_close(w, ref_w, name="masked weights")
+    check_close(out, ref_out, name="masked out")
+    return _passed("scaled, masked attention matches the library on 4 inputs")
+
+
+def _split_reference(x: Tensor, n_heads: int) -> Tensor:
+    B, T, D = x.shape
+    return x.view(B, T, n_heads, D // n_heads).transpose(1, 2)  # (B, H, T, d_k)
+
+
+@not_attempted_is_false
+def check_split_heads(fn: Callable[[Tensor, int], Tensor]) -> bool:
+    """Chapter 3, exercise "split the heads": ``fn(x, n_heads)`` with x (B, T, D) must
+    return (B, H, T, d_k), d_k = D / H, where head h of token t holds
+    x[:, t, h*d_k:(h+1)*d_k].
+
+    Raises:
+        CheckError: naming the wrong shape, or tokens mixed across heads by
+            ``view(B, H, T, d_k)`` (pitfall P8), or the first wrong value.
+    """
+    for b, t, d, h in ((1, 2, 4, 2), (2, 5, 12, 3), (3, 4, 8, 8)):
+        x = torch.arange(b * t * d, dtype=torch.float32).view(b, t, d)
+        heads = fn(x, h)
+        check_shape(heads, (b, h, t, d // h), "heads")
+        if torch.equal(heads, x.view(b, h, t, d // h)):
+            _fail("head 0 holds features of several tokens: x was viewed as "
+                  "(B, H, T, d_k) directly (pitfall P8)",
+                  "view as (B, T, H, d_k) first, then transpose(1, 2).")
+        check_close(heads, _split_reference(x, h), name="heads")
+    return _passed("heads split per token on 3 inputs")
+
+
+@not_attempted_is_false
+def check_merge_heads(fn: Callable[[Tensor], Tensor]) -> bool:
+    """Chapter 3, exercise "merge the heads" (find the bug): ``fn(heads)`` with heads
+    (B, H, T, d_k) must return (B, T, H * d_k) where token t is
+    [head 0 of token t | head 1 of token t | ...].
+
+    Raises:
+        CheckError: naming the wrong shape, a straight reshape that mixes tokens
+            (pitfall P9), or the first wrong value.
+    """
+    for b, h, t, d in ((1, 2, 2, 2), (2, 3, 5, 4), (2, 4, 3, 1)):
+        heads = torch.arange(b * h * t * d, dtype=torch.float32).view(b, h, t, d)
+        merged = fn(heads)
+        check_shape(merged, (b, t, h * d), "merged")
+        if torch.equal(merged, heads.reshape(b, t, h * d)):
+            _fail("token 0 of the result holds head 0's tokens 0, 1, ...: (B, H, T, d_k) "
+                  "was reshaped straight to (B, T, H*d_k) (pitfall P9)",
+                  "bring the token axis next to the batch first: transpose(1, 2), "
+                  "then reshape (or .contiguous().view, pitfall P10).")
+        ref = heads.transpose(1, 2).reshape(b, t, h * d)
+        check_close(merged, ref, name="merged")
+    return _passed("heads merged per token on 3 inputs")
+
+
+@not_attempted_is_false
+def check_multi_head_attention(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
+    """Chapter 3, exercise "multi-head attention from its weights":
+    ``fn(query, key, value, w_q, w_k, w_v, w_o, n_heads, mask=None)`` with query
+    (B, T, D), key and value (B, S, D), four (D, D) weights in ``nn.Linear`` layout
+    (y = x @ w.T, no bias) and a bool mask broadcastable to (B, H, T, S) must return
+    ``(out, weights)``: out (B, T, D), per-head weights (B, H, T, S).
+
+    Raises:
+        CheckError: naming the wrong shape, weights averaged over heads (pitfall P13),
+            heads split or merged across tokens (P8, P9), or the first wrong value.
+    """
+    from transformer_course.attention import MultiHeadAttention
+
+    gen = torch.Generator().manual_seed(5)
+    for b, t, s, d, h, masked in ((1, 3, 3, 4, 2, False), (2, 4, 6, 12, 3, True)):
+        ref = MultiHeadAttention(d, h, bias=False)
+        ws = [torch.randn(d, d, generator=gen) / math.sqrt(d) for _ in range(4)]
+        with torch.no_grad():
+            for lin, w in zip((ref.q_proj, ref.k_proj, ref.v_proj, ref.out_proj), ws):
+                lin.weight.copy_(w)
+        x = torch.randn(b, t, d, generator=gen)
+        mem = torch.randn(b, s, d, generator=gen)
+        mask = None
+        if masked:
+            mask = torch.ones(b, 1, 1, s, dtype=torch.bool)
+            mask[-1, ..., s // 2:] = False  # padding in the last item
+        out, weights = fn(x, mem, mem, *ws, h, mask)
+        with torch.no_grad():
+            ref_out, ref_w = ref(x, mem, mem, mask)
+        check_shape(out, (b, t, d), "out")
+        if isinstance(weights, Tensor) and tuple(weights.shape) == (b, t, s):
+            _fail("weights have shape (B, T, S): they were averaged over the heads "
+                  "(pitfall P13)",
+                  "return the per-head weights, (B, H, T, S).")
+        check_shape(weights, (b, h, t, s), "weights")
+        check_close(weights, ref_w, atol=1e-5, name="weights")
+        check_close(out, ref_out, atol=1e-5, name="out")
+    return _passed("multi-head attention matches the library's MultiHeadAttention")
