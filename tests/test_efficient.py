@@ -12,8 +12,11 @@ from transformer_course.attention import (
 )
 from transformer_course.efficient import (
     GroupedQueryAttention,
+    dequantize_int8,
     kv_cache_bytes_per_token,
     online_softmax,
+    peak_tensor_bytes,
+    quantize_int8,
     repeat_kv,
     sliding_window_attention,
     tiled_attention,
@@ -263,6 +266,38 @@ def test_kv_cache_bytes_per_token():
     assert kv_cache_bytes_per_token(4, 1, 64) == 2 * 4 * 1 * 64 * 4
     with pytest.raises(ValueError, match="n_kv_heads"):
         kv_cache_bytes_per_token(4, 0, 64)
+
+
+# ----------------------------------------------------------- int8 and memory
+
+
+def test_quantize_int8_per_channel():
+    w = torch.randn(6, 10) * torch.logspace(-3, 1, 6)[:, None]  # rows of many sizes
+    w[2] = 0.0
+    w_int8, scale = quantize_int8(w)
+    assert w_int8.dtype == torch.int8 and scale.shape == (6, 1)
+    assert w_int8.abs().amax(dim=1).tolist() == [127, 127, 0, 127, 127, 127]
+    err = (dequantize_int8(w_int8, scale) - w).abs()
+    assert (err <= scale / 2 + 1e-7).all()
+    per_tensor = w.abs().max() / 127  # one scale for all rows loses the small rows
+    coarse = torch.round(w / per_tensor) * per_tensor
+    assert (coarse - w)[0].abs().max() > err[0].max() * 10
+
+
+def test_peak_tensor_bytes_grows_quadratically_for_naive_only():
+    def peaks(t):
+        q, k, v = qkv(b=1, h=1, t=t, d=16)
+        naive_bytes = peak_tensor_bytes(lambda: naive(q, k, v))
+        tiled_bytes = peak_tensor_bytes(
+            lambda: tiled_attention(q, k, v, block_q=64, block_k=64)[0]
+        )
+        return naive_bytes, tiled_bytes
+
+    (n1, t1), (n2, t2) = peaks(128), peaks(256)
+    assert n1 >= 128 * 128 * 4  # at least the (T, S) float32 scores
+    assert 3.5 < n2 / n1 < 4.5
+    assert t2 / t1 < 2.5
+    assert t2 < n2 / 4
 
 
 # ---------------------------------------------------------------------- bad input

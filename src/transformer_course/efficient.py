@@ -17,6 +17,7 @@ Sources:
     IO-Awareness", section 3.1, algorithm 1 (tiling).
     Beltagy et al. 2020 (Longformer), section 3.1; Jiang et al. 2023 (Mistral 7B),
     section 2 (sliding-window attention).
+    Jacob et al. 2018, section 2 (int8 quantization, here symmetric per channel).
     Shazeer 2019, "Fast Transformer Decoding: One Write-Head is All You Need"
     (multi-query attention); Ainslie et al. 2023, "GQA", section 2 (grouped-query).
 """
@@ -24,9 +25,12 @@ Sources:
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from transformer_course.attention import (
     ATTENTION_BACKENDS,
@@ -359,6 +363,118 @@ class GroupedQueryAttention(MultiHeadAttention):
             return attend(q, k, v, mask, **kwargs)
 
         return grouped
+
+
+# ------------------------------------------------------------------- int8 weights
+
+
+def quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """Symmetric per-output-channel int8 quantization of a weight matrix.
+
+    Row i is divided by scale_i = max_j |w_ij| / 127 and rounded, so the largest
+    entry of each row maps to +-127 and zero stays exactly zero.
+
+    Args:
+        weight: (d_out, d_in) floating-point weights (an ``nn.Linear.weight``).
+
+    Returns:
+        ``(w_int8, scale)``: int8 (d_out, d_in) and float32 (d_out, 1), with
+        ``w_int8 * scale`` close to ``weight`` (error at most scale / 2 per entry).
+        A row of zeros gets scale 1.
+
+    Raises:
+        TypeError: if ``weight`` is not a floating-point tensor.
+        ValueError: if it is not 2-D.
+
+    Source: Jacob et al. 2018, "Quantization and Training of Neural Networks for
+    Efficient Integer-Arithmetic-Only Inference", section 2 (with zero point 0).
+    """
+    if not isinstance(weight, Tensor) or not weight.dtype.is_floating_point:
+        raise TypeError("weight: expected a floating-point torch.Tensor")
+    if weight.dim() != 2:
+        raise ValueError(
+            f"weight: expected shape (d_out, d_in), got {tuple(weight.shape)}"
+        )
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1, keepdim=True) / 127.0  # (d_out, 1)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    w_int8 = torch.round(w / scale).clamp(-127, 127).to(torch.int8)  # (d_out, d_in)
+    return w_int8, scale
+
+
+def dequantize_int8(w_int8: Tensor, scale: Tensor) -> Tensor:
+    """float32 weights back from ``quantize_int8``: w_int8 * scale, (d_out, d_in)."""
+    return w_int8.float() * scale
+
+
+# ------------------------------------------------------------------ measuring memory
+
+
+class _TensorBytes(TorchDispatchMode):
+    """Counts the bytes of tensor storage that PyTorch operators create and that are
+    still referenced, and remembers the peak. Views share their base's storage and
+    are counted once."""
+
+    def __init__(self):
+        super().__init__()
+        self.refs: dict[int, tuple[int, int]] = {}  # address -> (tensors, bytes)
+        self.live = self.peak = 0
+
+    def _release(self, key: int) -> None:
+        count, size = self.refs[key]
+        if count > 1:
+            self.refs[key] = (count - 1, size)
+        else:
+            del self.refs[key]
+            self.live -= size
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if not isinstance(t, Tensor) or t.device.type == "meta":
+                continue
+            storage = t.untyped_storage()
+            key = storage.data_ptr()
+            if key == 0:
+                continue
+            count, size = self.refs.get(key, (0, storage.nbytes()))
+            if count == 0:
+                self.live += size
+                self.peak = max(self.peak, self.live)
+            self.refs[key] = (count + 1, size)
+            weakref.finalize(t, self._release, key)
+        return out
+
+
+def peak_tensor_bytes(fn, device: torch.device | str = "cpu") -> int:
+    """Peak bytes of new tensors alive at once while ``fn()`` runs (under no_grad).
+
+    On a CUDA device this is ``torch.cuda.max_memory_allocated`` minus what was
+    allocated before. Elsewhere the tensors each operator returns are counted as they
+    are created and freed; scratch buffers that a fused kernel allocates inside itself
+    (e.g. the tiles of PyTorch's flash kernel) are not seen.
+
+    Args:
+        fn: called with no arguments; what it returns is freed before the count ends.
+        device: where ``fn`` computes.
+
+    Returns:
+        Bytes (int).
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        with torch.no_grad():
+            out = fn()
+            torch.cuda.synchronize(device)
+        del out
+        return torch.cuda.max_memory_allocated(device) - before
+    with torch.no_grad(), _TensorBytes() as counter:
+        out = fn()
+        del out
+    return counter.peak
 
 
 ATTENTION_BACKENDS["tiled"] = tiled_attention
