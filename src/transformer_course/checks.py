@@ -35,6 +35,26 @@ def _passed(what: str) -> bool:
 # ------------------------------------------------------------------ generic checks
 
 
+def not_attempted_is_false(check: Callable[..., bool]) -> Callable[..., bool]:
+    """Decorator for checks: when the learner's function still raises
+    ``NotImplementedError`` (the stub), print "not attempted yet ..." and return False
+    instead of raising, so a chapter with untouched stubs runs top to bottom."""
+
+    def wrapped(fn, *args, **kwargs) -> bool:
+        try:
+            return check(fn, *args, **kwargs)
+        except NotImplementedError:
+            name = getattr(fn, "__name__", "your function")
+            print(f"not attempted yet: {name} raises NotImplementedError; "
+                  "write its body and run this cell again.")
+            return False
+
+    wrapped.__name__, wrapped.__doc__ = check.__name__, check.__doc__
+    wrapped.__wrapped__ = check
+    return wrapped
+
+
+
 def check_shape(x, expected: Sequence[int | None], name: str = "x") -> bool:
     """Check that ``x`` is a tensor of shape ``expected`` (``None`` matches any size).
 
@@ -101,6 +121,7 @@ def _random_qkv(gen: torch.Generator, lead: tuple[int, ...], t: int, s: int, d: 
     return q, k, v
 
 
+@not_attempted_is_false
 def check_soft_lookup(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> bool:
     """Chapter 1, exercise "soft lookup": ``fn(query, keys, values)`` with query (d,),
     keys (S, d), values (S, d_v) must return the (d_v,) weighted sum of the values with
@@ -135,6 +156,7 @@ def check_soft_lookup(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> bool:
     return _passed("soft lookup matches the reference on 3 random inputs")
 
 
+@not_attempted_is_false
 def check_dot_product_attention(
     fn: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]],
 ) -> bool:
@@ -194,23 +216,6 @@ def check_dot_product_attention(
 # ------------------------------------- chapters 2 and 3: scaled dot-product, multi-head
 
 
-def not_attempted_is_false(check: Callable[..., bool]) -> Callable[..., bool]:
-    """Decorator for checks: when the learner's function still raises
-    ``NotImplementedError`` (the stub), print "not attempted yet ..." and return False
-    instead of raising, so a chapter with untouched stubs runs top to bottom."""
-
-    def wrapped(fn, *args, **kwargs) -> bool:
-        try:
-            return check(fn, *args, **kwargs)
-        except NotImplementedError:
-            name = getattr(fn, "__name__", "your function")
-            print(f"not attempted yet: {name} raises NotImplementedError; "
-                  "write its body and run this cell again.")
-            return False
-
-    wrapped.__name__, wrapped.__doc__ = check.__name__, check.__doc__
-    wrapped.__wrapped__ = check
-    return wrapped
 
 
 @not_attempted_is_false

@@ -80,14 +80,18 @@ def query_scan_animation(
     Raises:
         ValueError: if ``scores`` is not 1-D or the labels do not match it.
     """
-    s = scores.detach().float().cpu().numpy() if isinstance(scores, torch.Tensor) else np.asarray(scores, float)
+    if isinstance(scores, torch.Tensor):
+        scores = scores.detach().float().cpu().numpy()
+    s = np.asarray(scores, dtype=float)
     if s.ndim != 1 or len(key_tokens) != len(s):
         raise ValueError(
             f"scores: expected shape (S,) with S = len(key_tokens) = {len(key_tokens)}, "
             f"got {s.shape}"
         )
     n = len(s)
-    fig, (ax_s, ax_w) = plt.subplots(1, 2, figsize=(9, 3.2), layout="constrained")
+    # A fixed layout: constrained layout would be recomputed for every frame.
+    fig, (ax_s, ax_w) = plt.subplots(1, 2, figsize=(9, 3.4))
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.3, top=0.85, wspace=0.3)
     x = np.arange(n)
     pad = 0.1 * (np.abs(s).max() + 1e-9)
     ax_s.set_ylim(min(s.min(), 0) - pad, max(s.max(), 0) + pad)
