@@ -1,0 +1,106 @@
+"""Chapter 1's exercise checks accept the reference solutions (taken from the chapter's
+hidden solution blocks, so the book cannot show a wrong solution) and reject wrong ones
+with a useful message."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer_course.checks import (
+    CheckError,
+    check_close,
+    check_dot_product_attention,
+    check_shape,
+    check_soft_lookup,
+)
+
+CHAPTER = Path(__file__).resolve().parents[1] / "book" / "01_qkv.md"
+
+
+def solutions() -> dict[str, object]:
+    """Exec every ```python block inside a {solution} of chapter 1."""
+    namespace = {"torch": torch, "math": math}
+    text = CHAPTER.read_text()
+    for block in re.findall(r"````\{solution\}.*?````", text, re.S):
+        for code in re.findall(r"```python\n(.*?)```", block, re.S):
+            exec(code, namespace)
+    return namespace
+
+
+def test_reference_solutions_pass(capsys):
+    sol = solutions()
+    assert check_soft_lookup(sol["soft_lookup"])
+    assert check_dot_product_attention(sol["attention"])
+    assert check_dot_product_attention(sol["attention_fixed"])
+    assert capsys.readouterr().out.count("passed") == 3
+
+
+def test_stub_is_not_attempted(capsys):
+    def stub(*args):
+        raise NotImplementedError
+
+    assert check_soft_lookup(stub) is False
+    assert "not attempted yet" in capsys.readouterr().out
+
+
+def _unscaled(q, k, v):
+    w = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+    return w @ v, w
+
+
+def _wrong_axis(q, k, v):
+    w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=1)
+    return w @ v, w
+
+
+def _transpose_bug(q, k, v):  # the chapter's "find the bug" code
+    w = torch.softmax(q @ k.transpose(0, 1) / math.sqrt(q.shape[-1]), dim=1)
+    return w @ v, w
+
+
+def _no_tuple(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1), -1) @ v
+
+
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        (_unscaled, "sqrt"),
+        (_wrong_axis, "query axis"),
+        (_transpose_bug, ""),
+        (_no_tuple, "tuple"),
+    ],
+)
+def test_wrong_attention_is_rejected_with_a_hint(fn, words):
+    with pytest.raises((CheckError, RuntimeError)) as info:
+        check_dot_product_attention(fn)
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        (lambda q, K, V: V[(K @ q).argmax()], "hard lookup"),
+        (lambda q, K, V: torch.softmax(K @ q, 0) @ V, "without scaling"),
+        (lambda q, K, V: torch.softmax(K @ q, 0)[:, None] * V, "dimensions"),
+    ],
+)
+def test_wrong_soft_lookup_is_rejected(fn, words):
+    with pytest.raises(CheckError, match=words):
+        check_soft_lookup(fn)
+
+
+def test_check_shape_and_close_name_the_problem():
+    with pytest.raises(CheckError, match="dimension 1 of w is 5, expected 4"):
+        check_shape(torch.zeros(2, 5), (2, 4), "w")
+    assert check_shape(torch.zeros(2, 5), (2, None), "w")
+    with pytest.raises(CheckError, match="NaN"):
+        check_close(torch.tensor([1.0, float("nan")]), torch.ones(2))
+    with pytest.raises(CheckError, match="index \\(1,\\)"):
+        check_close(torch.tensor([1.0, 3.0]), torch.ones(2))
+    assert check_close(torch.ones(2), torch.ones(2))

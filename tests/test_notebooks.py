@@ -1,0 +1,74 @@
+"""notebooks/*.ipynb are generated from book/*.md and must stay in sync; what the
+generator writes (install cell, plain Markdown) is what Colab can use."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("sync_notebooks", ROOT / "tools" / "sync_notebooks.py")
+sync = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sync)
+
+CHAPTERS = sync.chapters()
+
+
+def test_every_chapter_in_the_toc_has_a_notebook_and_vice_versa():
+    toc = (ROOT / "_toc.yml").read_text()
+    listed = set(re.findall(r"file: book/(\d\d_\w+)", toc))
+    assert listed, "no numbered chapter in _toc.yml"
+    assert listed == {p.stem for p in CHAPTERS}, "a chapter file is missing from _toc.yml"
+    assert listed == {p.stem for p in (ROOT / "notebooks").glob("*.ipynb")}
+
+
+def test_notebooks_are_in_sync_with_the_book():
+    assert sync.main(["--check"]) == 0, "run `make notebooks` and commit notebooks/"
+
+
+def test_the_sync_check_detects_an_edited_chapter(tmp_path, monkeypatch):
+    book, notebooks = tmp_path / "book", tmp_path / "notebooks"
+    book.mkdir()
+    shutil.copy(CHAPTERS[0], book / CHAPTERS[0].name)
+    monkeypatch.setattr(sync, "BOOK", book)
+    monkeypatch.setattr(sync, "NOTEBOOKS", notebooks)
+    assert sync.main([]) == 0 and sync.main(["--check"]) == 0
+    chapter = book / CHAPTERS[0].name
+    chapter.write_text(chapter.read_text() + "\nOne more sentence.\n")
+    assert sync.main(["--check"]) == 1
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_notebook_is_colab_ready(chapter):
+    nb = nbformat.read(ROOT / "notebooks" / f"{chapter.stem}.ipynb", as_version=4)
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
+    first = nb.cells[0]
+    assert first.cell_type == "code"
+    assert "find_spec(\"transformer_course\") is None" in first.source  # skipped if installed
+    assert f"git+{config['url']}@{config['branch']}" in first.source
+    compile(first.source, "install-cell", "exec")
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            assert not re.search(r"^(```|:::)\{", cell.source, re.M), cell.source[:200]
+            assert "{cite}" not in cell.source and "{solution}" not in cell.source
+        assert not cell.get("outputs"), "notebooks are committed without outputs"
+
+
+def test_solutions_are_collapsed_in_the_notebook():
+    nb = nbformat.read(ROOT / "notebooks" / "01_qkv.ipynb", as_version=4)
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert text.count("<details>") >= 3 and "<summary>Solution" in text
+    assert "#### Exercise: Soft lookup for one query" in text
+
+
+def test_plain_markdown_conversion():
+    md = "```{note}\nBe careful.\n```\nSee {cite}`vaswani2017attention` and {ref}`the mask <sec-mask>`."
+    out = sync.to_plain_markdown(md)
+    assert "> **Note**" in out and "> Be careful." in out
+    assert "[vaswani2017attention]" in out and "the mask" in out and "{" not in out
