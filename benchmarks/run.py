@@ -1,0 +1,433 @@
+"""Chapter 7's measurements at larger sizes, side by side in one run.
+
+    python benchmarks/run.py            # full run (minutes on a laptop CPU)
+    python benchmarks/run.py --smoke    # tiny sizes, seconds; what the tests run
+
+Writes ``results.json`` and ``results.md`` (into ``--out``, default this folder) with
+the machine it ran on and these ratios:
+
+- attention: peak extra memory of tiled / naive and SDPA / naive, time of tiled / SDPA
+  and naive / SDPA, for growing sequence length T; sliding-window (banded) time
+  against T; PyTorch's SDPA backends and ``torch.compile``; on a GPU, the Triton
+  kernel's TFLOP/s against SDPA's;
+- a character-level Shakespeare language model: generation with / without the KV
+  cache (time, identical tokens), KV cache bytes per token for multi-head,
+  grouped-query and multi-query attention;
+- int8: model size, CPU time and validation loss, by hand and with torchao, each
+  against float32.
+
+Numbers depend on the machine; the ratios are what to compare. Nothing here is a test
+of speed: the smoke run only checks that every measurement runs and is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import io
+import json
+import logging
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import warnings
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+HERE = Path(__file__).resolve().parent
+
+
+def machine(device: torch.device) -> dict:
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    info = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu": cpu,
+        "cpu_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def timed(fn, device: torch.device, repeat: int = 5) -> float:
+    """Median seconds of ``fn()`` over ``repeat`` runs, after one warm-up run."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    with torch.no_grad():
+        fn()
+        sync()
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+# ---------------------------------------------------------------------- attention
+
+
+def bench_attention(lengths, device, d_k=64, n_heads=4, repeat=3) -> list[dict]:
+    from transformer_course.attention import scaled_dot_product_attention
+    from transformer_course.efficient import peak_tensor_bytes, tiled_attention
+
+    rows = []
+    for t in lengths:
+        q, k, v = (torch.randn(1, n_heads, t, d_k, device=device) for _ in range(3))
+        fns = {
+            "naive": partial(scaled_dot_product_attention, q, k, v),
+            "tiled": partial(tiled_attention, q, k, v, block_q=128, block_k=128),
+            "sdpa": partial(F.scaled_dot_product_attention, q, k, v),
+        }
+        row = {"T": t}
+        for name, fn in fns.items():
+            row[f"{name}_bytes"] = peak_tensor_bytes(fn, device)
+            row[f"{name}_s"] = timed(fn, device, repeat)
+        row["tiled/naive memory"] = row["tiled_bytes"] / row["naive_bytes"]
+        row["sdpa/naive memory"] = row["sdpa_bytes"] / row["naive_bytes"]
+        row["tiled/sdpa time"] = row["tiled_s"] / row["sdpa_s"]
+        row["naive/sdpa time"] = row["naive_s"] / row["sdpa_s"]
+        rows.append(row)
+        print(f"attention T={t}: " + ", ".join(f"{k}={v:.3g}" for k, v in row.items()))
+    return rows
+
+
+def bench_sliding_window(lengths, window, device, repeat=3) -> list[dict]:
+    from transformer_course.attention import scaled_dot_product_attention
+    from transformer_course.efficient import sliding_window_attention
+    from transformer_course.masks import sliding_window_mask
+
+    rows = []
+    for t in lengths:
+        q, k, v = (torch.randn(1, 4, t, 64, device=device) for _ in range(3))
+        mask = sliding_window_mask(t, window, device=device)
+        banded = timed(partial(sliding_window_attention, q, k, v, window), device,
+                       repeat)
+        masked = timed(partial(scaled_dot_product_attention, q, k, v, mask), device,
+                       repeat)
+        rows.append({"T": t, "window": window, "banded_s": banded,
+                     "masked_full_s": masked, "banded/masked time": banded / masked})
+        print(f"sliding window T={t}: banded {banded:.4f} s, masked {masked:.4f} s")
+    return rows
+
+
+def bench_sdpa_backends(t, device, compile_too=True, repeat=3) -> dict:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (torch.randn(1, 4, t, 64, device=device) for _ in range(3))
+    out = {"T": t}
+    for backend in (SDPBackend.MATH, SDPBackend.EFFICIENT_ATTENTION,
+                    SDPBackend.FLASH_ATTENTION):
+        name = backend.name.lower()
+        try:
+            with sdpa_kernel(backend):
+                out[f"sdpa_{name}_s"] = timed(
+                    lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                    device, repeat,
+                )
+        except RuntimeError as err:  # e.g. no memory-efficient kernel on the CPU
+            out[f"sdpa_{name}_s"] = None
+            out[f"sdpa_{name}_error"] = str(err).split("\n")[0][:120]
+
+    def plain(q, k, v):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, T)
+        causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+        return torch.softmax(scores.masked_fill(~causal, float("-inf")), -1) @ v
+
+    out["eager_plain_s"] = timed(lambda: plain(q, k, v), device, repeat)
+    if compile_too:
+        try:
+            start = time.perf_counter()
+            compiled = torch.compile(plain)
+            compiled(q, k, v)
+            out["compile_first_call_s"] = time.perf_counter() - start
+            out["compiled_plain_s"] = timed(lambda: compiled(q, k, v), device, repeat)
+        except Exception as err:  # noqa: BLE001 (no C++ compiler, platform, ...)
+            out["compile_error"] = f"{type(err).__name__}: {str(err)[:120]}"
+    print("sdpa backends:", out)
+    return out
+
+
+def bench_triton(t, device, repeat=10) -> dict:
+    if device.type != "cuda":
+        return {"skipped": "no CUDA GPU: the Triton kernel is benchmarked on GPUs only "
+                           "(it is tested on the CPU under TRITON_INTERPRET=1)"}
+    from transformer_course.triton_kernels import flash_attention
+
+    q, k, v = (torch.randn(4, 8, t, 64, device=device, dtype=torch.float16)
+               for _ in range(3))
+    flops = 4 * 4 * 8 * t * t * 64 / 2  # two matmuls, causal half
+    tri = timed(lambda: flash_attention(q, k, v, causal=True), device, repeat)
+    ref = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                device, repeat)
+    ours = flash_attention(q, k, v, causal=True).float()
+    err = (ours - F.scaled_dot_product_attention(q, k, v, is_causal=True)).abs().max()
+    out = {"T": t, "triton_s": tri, "sdpa_s": ref, "triton_tflops": flops / tri / 1e12,
+           "sdpa_tflops": flops / ref / 1e12, "triton/sdpa time": tri / ref,
+           "max_abs_diff": err.item()}
+    print("triton:", out)
+    return out
+
+
+# ------------------------------------------------------------- the language model
+
+
+def shakespeare_lm(steps: int, d_model: int, n_layers: int, max_len: int, device,
+                   block: int = 64, batch: int = 16, seed: int = 0):
+    """Train a small character-level LM on Shakespeare; returns (model, tokenizer,
+    validation batch (x, y), final training loss)."""
+    from transformer_course.data import CharTokenizer, load_shakespeare
+    from transformer_course.model import DecoderOnlyLM, TransformerConfig
+
+    torch.manual_seed(seed)
+    texts = load_shakespeare()
+    val_text = texts.pop("tempest")
+    train_text = "\n".join(texts.values())
+    tok = CharTokenizer([train_text, val_text])
+    cfg = TransformerConfig(tgt_vocab_size=tok.vocab_size, d_model=d_model, n_heads=4,
+                            d_ff=4 * d_model, n_layers=n_layers, dropout=0.0,
+                            max_len=max_len, backend="sdpa")
+    model = DecoderOnlyLM(cfg).to(device)
+    data = torch.tensor(tok.encode(train_text), device=device)
+    val = torch.tensor(tok.encode(val_text[:20_000]), device=device)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(seed)
+    loss = torch.tensor(float("nan"))
+    model.train()
+    for _ in range(steps):
+        starts = torch.randint(0, len(data) - block - 1, (batch,), generator=gen)
+        x = torch.stack([data[s : s + block + 1] for s in starts.tolist()])  # (B, L+1)
+        logits = model(x[:, :-1])  # (B, L, V)
+        loss = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    model.eval()
+    n_val = (len(val) - 1) // block
+    xv = val[: n_val * block + 1]
+    x_val = xv[:-1].view(n_val, block)  # (N, L)
+    y_val = xv[1:].view(n_val, block)  # (N, L)
+    return model, tok, (x_val, y_val), loss.item()
+
+
+@torch.no_grad()
+def val_loss(model, x_val, y_val) -> float:
+    logits = model(x_val)
+    return F.cross_entropy(logits.flatten(0, 1).float(), y_val.flatten()).item()
+
+
+@torch.no_grad()
+def generate(model, prompt, n_new, use_cache: bool):
+    """Greedy generation; returns (ids, logits of every step)."""
+    from transformer_course.decoding import new_caches
+
+    caches = new_caches(model) if use_cache else None
+    ids, step_in, all_logits = prompt, prompt, []
+    for _ in range(n_new):
+        logits = model(step_in, caches=caches)[:, -1]  # (B, V)
+        nxt = logits.argmax(-1, keepdim=True)  # (B, 1)
+        all_logits.append(logits)
+        ids = torch.cat([ids, nxt], dim=1)
+        step_in = nxt if use_cache else ids
+    return ids, torch.stack(all_logits, dim=1)
+
+
+def bench_kv_cache(model, tok, lengths, device) -> list[dict]:
+    prompt = torch.tensor([tok.encode("ROMEO:\n")], device=device)
+    generate(model, prompt, 4, use_cache=True)  # warm-up
+    rows = []
+    for n in lengths:
+        start = time.perf_counter()
+        ids_c, logits_c = generate(model, prompt, n, use_cache=True)
+        cached = time.perf_counter() - start
+        start = time.perf_counter()
+        ids_u, logits_u = generate(model, prompt, n, use_cache=False)
+        uncached = time.perf_counter() - start
+        rows.append({
+            "new_tokens": n, "cached_s": cached, "uncached_s": uncached,
+            "cached/uncached time": cached / uncached,
+            "same_tokens": bool(torch.equal(ids_c, ids_u)),
+            "max_logit_diff": (logits_c - logits_u).abs().max().item(),
+        })
+        print("kv cache:", rows[-1])
+    return rows
+
+
+def kv_bytes_table(cfg, n_kv_options) -> list[dict]:
+    from transformer_course.efficient import kv_cache_bytes_per_token
+
+    d_k = cfg.d_model // cfg.n_heads
+    rows = []
+    for n_kv in n_kv_options:
+        kind = ("multi-head" if n_kv == cfg.n_heads
+                else "multi-query" if n_kv == 1 else "grouped-query")
+        rows.append({"attention": kind, "n_kv_heads": n_kv,
+                     "bytes_per_token_fp32": kv_cache_bytes_per_token(
+                         cfg.n_layers, n_kv, d_k, torch.float32),
+                     "bytes_per_token_fp16": kv_cache_bytes_per_token(
+                         cfg.n_layers, n_kv, d_k, torch.float16)})
+    return rows
+
+
+def state_bytes(model) -> int:
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)
+    return buf.getbuffer().nbytes
+
+
+def bench_int8(model, x_val, y_val, repeat=3) -> dict:
+    from transformer_course.efficient import dequantize_int8, quantize_int8
+
+    cpu = torch.device("cpu")
+    model = model.to(cpu).eval()
+    x_val, y_val = x_val.to(cpu), y_val.to(cpu)
+    rows = {"float32": {"bytes": state_bytes(model),
+                        "loss": val_loss(model, x_val, y_val),
+                        "s": timed(lambda: model(x_val), cpu, repeat)}}
+    by_hand = copy.deepcopy(model)
+    int8_bytes = fp32_bytes = 0
+    with torch.no_grad():
+        for mod in by_hand.modules():
+            if isinstance(mod, torch.nn.Linear):
+                w_int8, scale = quantize_int8(mod.weight)
+                mod.weight.copy_(dequantize_int8(w_int8, scale))
+                int8_bytes += w_int8.numel() + 4 * scale.numel()
+                fp32_bytes += 4 * w_int8.numel()
+    rows["int8 by hand"] = {
+        "bytes": rows["float32"]["bytes"] - fp32_bytes + int8_bytes,
+        "loss": val_loss(by_hand, x_val, y_val), "s": None,
+        "note": "Linear weights rounded to int8 per row; bytes count int8 weights "
+                "plus one float32 scale per row; run with the weights dequantized",
+    }
+    for noisy in ("torchao", "torch.utils._pytree"):  # import-time notices
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from torchao.quantization import (
+                Int8DynamicActivationInt8WeightConfig,
+                Int8WeightOnlyConfig,
+                quantize_,
+            )
+        configs = {"torchao int8 weight-only": Int8WeightOnlyConfig(),
+                   "torchao int8 dynamic": Int8DynamicActivationInt8WeightConfig()}
+        for name, config in configs.items():
+            q = copy.deepcopy(model)
+            quantize_(q, config)
+            rows[name] = {"bytes": state_bytes(q), "loss": val_loss(q, x_val, y_val),
+                          "s": timed(lambda q=q: q(x_val), cpu, repeat)}
+    except Exception as err:  # noqa: BLE001 (report, not hide, a torchao failure)
+        rows["torchao error"] = f"{type(err).__name__}: {str(err)[:200]}"
+    base = rows["float32"]
+    for name, row in rows.items():
+        if isinstance(row, dict) and name != "float32":
+            row["size/float32"] = row["bytes"] / base["bytes"]
+            row["loss/float32"] = row["loss"] / base["loss"]
+            row["time/float32"] = row["s"] / base["s"] if row["s"] else None
+    print("int8:", rows)
+    return rows
+
+
+# ---------------------------------------------------------------------- reporting
+
+
+def fmt(x) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, float):
+        return f"{x:.3g}"
+    return str(x)
+
+
+def table(rows: list[dict]) -> str:
+    keys = list(dict.fromkeys(k for r in rows for k in r))  # every column, in order
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(fmt(r.get(k)) for k in keys) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_markdown(results: dict, path: Path) -> None:
+    parts = ["# Benchmarks (chapter 7)", "",
+             f"Run: `{results['command']}`, {results['seconds']:.0f} s.", "",
+             "## Machine", "",
+             table([results["machine"]]), "",
+             "## Attention: peak extra memory and time against sequence length", "",
+             ("Memory counts the tensors operators create (on a GPU, the "
+              "allocator's peak); ratios below 1 mean less than naive."), "",
+             table(results["attention"]), "",
+             "## Sliding-window attention: banded computation vs full masked", "",
+             table(results["sliding_window"]), "",
+             "## PyTorch SDPA backends and torch.compile (causal)", "",
+             table([results["sdpa_backends"]]), "",
+             "## Triton FlashAttention forward", "", table([results["triton"]]), "",
+             "## KV cache: greedy generation with and without it", "",
+             f"Model: {results['lm']}", "", table(results["kv_cache"]), "",
+             "## KV cache bytes per token", "", table(results["kv_bytes"]), "",
+             "## Int8 quantization (CPU)", ""]
+    int8 = [{"variant": k, **v} for k, v in results["int8"].items()
+            if isinstance(v, dict)]
+    parts += [table(int8), ""]
+    if "torchao error" in results["int8"]:
+        parts += [f"torchao failed here: {results['int8']['torchao error']}", ""]
+    path.write_text("\n".join(parts))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds")
+    parser.add_argument("--out", type=Path, default=HERE, help="folder for the reports")
+    args = parser.parse_args(argv)
+    from transformer_course.device import get_device
+
+    device = get_device()
+    start = time.perf_counter()
+    smoke = args.smoke
+    results = {"command": "python benchmarks/run.py" + (" --smoke" if smoke else ""),
+               "smoke": smoke, "machine": machine(device)}
+    lengths = [64, 128] if smoke else [256, 512, 1024, 2048, 4096]
+    results["attention"] = bench_attention(lengths, device, repeat=1 if smoke else 3)
+    results["sliding_window"] = bench_sliding_window(
+        [128, 256] if smoke else [1024, 2048, 4096, 8192], 32 if smoke else 256,
+        device, repeat=1 if smoke else 3)
+    results["sdpa_backends"] = bench_sdpa_backends(
+        128 if smoke else 2048, device, compile_too=not smoke, repeat=1 if smoke else 3)
+    results["triton"] = bench_triton(1024 if smoke else 4096, device)
+    gen_lengths = [8, 16] if smoke else [64, 128, 256, 512, 1024]
+    model, tok, (x_val, y_val), train_loss = shakespeare_lm(
+        steps=3 if smoke else 300, d_model=32 if smoke else 128,
+        n_layers=1 if smoke else 2, max_len=max(gen_lengths) + 80, device=device)
+    results["lm"] = (f"character-level DecoderOnlyLM, d_model {model.cfg.d_model}, "
+                     f"{model.cfg.n_layers} layers, {model.cfg.n_heads} heads, "
+                     f"final training loss {train_loss:.3f}")
+    results["kv_cache"] = bench_kv_cache(model, tok, gen_lengths, device)
+    results["kv_bytes"] = kv_bytes_table(model.cfg, [model.cfg.n_heads, 2, 1])
+    results["int8"] = bench_int8(model, x_val, y_val, repeat=1 if smoke else 5)
+    results["seconds"] = time.perf_counter() - start
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    write_markdown(results, args.out / "results.md")
+    print(f"wrote {args.out}/results.md and results.json "
+          f"in {results['seconds']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""The benchmark script's smoke run: every measurement runs and is written (chapter 7).
+Speed is never asserted; only that the reports exist and hold the ratios."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_run", RUN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_smoke_run_writes_reports(bench, tmp_path):
+    assert bench.main(["--smoke", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["smoke"] and results["machine"]["torch"]
+    for row in results["attention"]:
+        for key in ("tiled/naive memory", "tiled/sdpa time", "naive/sdpa time"):
+            assert row[key] > 0
+    for row in results["kv_cache"]:
+        assert row["same_tokens"] and row["max_logit_diff"] < 1e-4
+        assert row["cached/uncached time"] > 0
+    assert [r["n_kv_heads"] for r in results["kv_bytes"]] == [4, 2, 1]
+    int8 = results["int8"]
+    assert 0.2 < int8["int8 by hand"]["size/float32"] < 0.6
+    assert "torchao int8 weight-only" in int8 or "torchao error" in int8
+    text = (tmp_path / "results.md").read_text()
+    for heading in ("## Machine", "## KV cache", "## Int8", "tiled/naive memory"):
+        assert heading in text
+
+
+def test_table_shows_every_column(bench):
+    text = bench.table([{"a": 1}, {"a": 2.0, "b": None}])
+    assert text.splitlines()[0] == "| a | b |"
+    assert text.splitlines()[2:] == ["| 1 | n/a |", "| 2 | n/a |"]
