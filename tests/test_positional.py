@@ -14,6 +14,7 @@ from transformers.models.bloom.modeling_bloom import _get_alibi_slopes
 from transformers.models.gptj import modeling_gptj as gptj
 from transformers.models.llama import modeling_llama as llama
 
+from transformer_course import checks
 from transformer_course.attention import scaled_dot_product_attention
 from transformer_course.masks import causal_mask
 from transformer_course.positional import (
@@ -273,3 +274,61 @@ def test_alibi_errors():
         alibi_bias(0, 3)
     with pytest.raises(TypeError, match="q_len"):
         alibi_bias(2, 3.0)
+
+
+# ------------------------------------------------------------- the chapter's checks
+
+
+def _halves_table(max_len, d):
+    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
+    ang = pos * 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    return torch.cat((ang.sin(), ang.cos()), -1)[:, :d]
+
+
+def _crashes_on_odd(max_len, d):
+    pe = torch.zeros(max_len, d)
+    ang = torch.arange(max_len)[:, None] * 10000.0 ** (-torch.arange(0, d, 2) / d)
+    pe[:, 0::2], pe[:, 1::2] = ang.sin(), ang.cos()  # shape error when d is odd (P15)
+    return pe
+
+
+@param("fn, message", [
+    (_crashes_on_odd, "odd d_model"),
+    (_halves_table, "first half"),
+    (lambda n, d: sinusoidal_encoding(n, d)[:, torch.arange(d) ^ 1], "swapped"),
+])
+def test_check_sinusoidal_encoding(fn, message):
+    assert checks.check_sinusoidal_encoding(lambda n, d: sinusoidal_encoding(n, d))
+    with pytest.raises(checks.CheckError, match=message):
+        checks.check_sinusoidal_encoding(fn)
+
+
+@param("fn, message", [
+    (lambda x, p: apply_rotary(x, p, layout="interleaved"), "interleaved"),
+    (lambda x, p: apply_rotary(x, -p), "backwards"),
+    (lambda x, p: apply_rotary(x, p) * 1.5, "norm"),
+])
+def test_check_rotary_half(fn, message):
+    assert checks.check_rotary_half(lambda x, p: apply_rotary(x, p))
+    with pytest.raises(checks.CheckError, match=message):
+        checks.check_rotary_half(fn)
+
+
+@param("fn, message", [
+    (lambda keep, n: torch.arange(n).expand(keep.shape[0], n), "P16"),
+    (lambda keep, n: torch.arange(keep.shape[1] - n, keep.shape[1]).expand(
+        keep.shape[0], n), "padding was counted"),
+])
+def test_check_new_token_positions(fn, message, capsys):
+    def right(keep, n):
+        return position_ids(n, offset=keep.shape[1] - n, keep=keep)
+
+    assert checks.check_new_token_positions(right)
+    with pytest.raises(checks.CheckError, match=message):
+        checks.check_new_token_positions(fn)
+
+    def stub(keep, n):
+        raise NotImplementedError
+
+    assert checks.check_new_token_positions(stub) is False
+    assert "not attempted yet" in capsys.readouterr().out

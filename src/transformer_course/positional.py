@@ -35,7 +35,7 @@ def _check_int(name: str, value, minimum: int = 1) -> None:
         raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
 
 
-def _check_positions(positions, n: int) -> Tensor:
+def _check_positions(positions, n: int, *, allow_negative: bool = False) -> Tensor:
     if not isinstance(positions, Tensor):
         raise TypeError(
             f"positions: expected an integer torch.Tensor, got {type(positions).__name__}"
@@ -47,7 +47,7 @@ def _check_positions(positions, n: int) -> Tensor:
             f"positions: expected shape (T,) or (B, T) with T = {n}, "
             f"got {tuple(positions.shape)}"
         )
-    if (positions < 0).any():
+    if not allow_negative and (positions < 0).any():
         raise ValueError("positions: expected indices >= 0, got a negative one")
     return positions
 
@@ -269,7 +269,7 @@ def apply_rotary(
     Args:
         x: (..., T, d) with d even, e.g. (T, d), (B, T, d) or (B, H, T, d).
         positions: absolute integer positions (T,), or (B, T) for a batch (a head axis
-            of x is broadcast over). With a KV cache pass ``position_ids(T,
+            of x is broadcast over); a negative position rotates backwards. With a KV cache pass ``position_ids(T,
             offset=cache_len)``, never ``arange(T)`` (pitfall P16).
         layout: which coordinates form a pair: ``"half"`` (x_i with x_{i+d/2}, as in
             GPT-NeoX and Hugging Face LLaMA) or ``"interleaved"`` (x_2i with x_2i+1, as
@@ -295,7 +295,7 @@ def apply_rotary(
         )
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
-    _check_positions(positions, x.shape[-2])
+    _check_positions(positions, x.shape[-2], allow_negative=True)
     d = x.shape[-1]
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
     inv = _inv_freq(d // 2, d, base, x.device).to(work)  # (d/2,)
