@@ -351,3 +351,32 @@ def test_ch3_checks_reject_the_pitfalls(check_name, fn, words):
 
     with pytest.raises(checks.CheckError, match=words):
         getattr(checks, check_name)(fn)
+
+
+def test_chapter_3_solutions_pass(capsys):
+    from test_attention_ch2 import chapter_solutions
+
+    from transformer_course.checks import (
+        check_merge_heads,
+        check_multi_head_attention,
+        check_split_heads,
+    )
+
+    sol = chapter_solutions("03_multi_head")
+    assert check_split_heads(sol["split_heads"]) and check_merge_heads(sol["merge_heads"])
+    assert check_multi_head_attention(sol["multi_head"])
+    assert capsys.readouterr().out.count("passed") == 3
+
+
+@param("n_heads", [1, 4, 12])
+def test_parameters_and_flops_do_not_depend_on_heads(n_heads):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    mha = MultiHeadAttention(48, n_heads)
+    assert sum(p.numel() for p in mha.parameters()) == 4 * (48 * 48 + 48)
+    x = torch.randn(1, 10, 48)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        mha(x, x, x)
+    d_model, T = 48, 10
+    expected = 2 * (4 * T * d_model * d_model + 2 * T * T * d_model)  # matmuls only
+    assert counter.get_total_flops() == expected

@@ -180,3 +180,12 @@ def test_vocabulary_is_ordered_by_frequency():
     tok = P.load_minilm_tokenizer()
     assert tok.id_to_token(P.FIRST_WORD_ID) == "the"
     assert [tok.id_to_token(P.FIRST_WORD_ID + i) for i in range(3)] == ["the", "of", "and"]
+
+
+def test_top_it_animal_head_prefers_animal_over_street(ours):
+    tokens, w = P.attention_maps(SENTENCES[0], ours)
+    it, animal, street = (tokens.index(t) for t in ("it", "animal", "street"))
+    (layer, head, weight), *_ = P.rank_heads(w, it, animal, k=3)
+    assert weight == pytest.approx(float(w[layer, head, it, animal]))
+    assert weight == pytest.approx(float(w[:, :, it, animal].max()))
+    assert w[layer, head, it, animal] > 5 * w[layer, head, it, street]
