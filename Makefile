@@ -2,6 +2,7 @@
 #   make book   create .venv if missing, build the site into _build/html (every chapter executed)
 #   make test   the same set-up, then every test (library, exercises, notebooks, built site, browser)
 #   make serve  serve the built site on http://127.0.0.1:8000
+#   make bench  performance measurements (ratios, side by side) -> benchmarks/results.{md,json}
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -12,7 +13,7 @@ PORT ?= 8000
 # The book build pre-renders interactive views and runs chapters on the CPU unless told otherwise.
 export TRANSFORMER_COURSE_STATIC := 1
 
-.PHONY: book test test-lib serve notebooks lint clean
+.PHONY: book test test-lib serve notebooks lint clean bench
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +43,10 @@ test: book
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests tools benchmarks book/_ext
+
+bench: $(STAMP)
+	$(PY) benchmarks/run.py
+	$(PY) benchmarks/translation.py
 
 serve:
 	$(PY) -m http.server $(PORT) --bind 127.0.0.1 --directory _build/html
