@@ -238,7 +238,8 @@ class TranslationData:
 
     Attributes:
         numbers, src_texts, tgt_texts: dicts split name -> list (same order).
-        src_tok, tgt_tok: the tokenizers, trained on the training split only.
+        src_tok, tgt_tok: the tokenizers, trained on (an evenly spaced sample of
+            about ``TOKENIZER_TEXTS``) training texts only.
         src_ids, tgt_ids: dicts split name -> list of id lists. Target sequences are
             ``[BOS] + tokens + [EOS]``; source sequences carry no special tokens.
         max_len: the longest source or target sequence in any split.
@@ -262,6 +263,9 @@ def _make_tokenizer(kind: str, texts: list[str], vocab_size: int):
     if kind == "bpe":
         return HFTokenizer.train_bpe(texts, vocab_size)
     raise ValueError(f"tokenizer: expected 'char', 'word' or 'bpe', got {kind!r}")
+
+
+TOKENIZER_TEXTS = 10_000  # tokenizers are trained on about this many training texts
 
 
 def make_translation_data(
@@ -292,8 +296,9 @@ def make_translation_data(
     tgt_texts = {
         k: [number_words(n, target_lang) for n in v] for k, v in numbers.items()
     }
-    src_tok = _make_tokenizer(src_tokenizer, src_texts["train"], tgt_vocab_size)
-    tgt_tok = _make_tokenizer(tgt_tokenizer, tgt_texts["train"], tgt_vocab_size)
+    every = max(1, len(numbers["train"]) // TOKENIZER_TEXTS)  # a sample is enough
+    src_tok = _make_tokenizer(src_tokenizer, src_texts["train"][::every], tgt_vocab_size)
+    tgt_tok = _make_tokenizer(tgt_tokenizer, tgt_texts["train"][::every], tgt_vocab_size)
     src_ids = {k: src_tok.encode_batch(v) for k, v in src_texts.items()}
     tgt_ids = {
         k: [[BOS_ID, *ids, EOS_ID] for ids in tgt_tok.encode_batch(v)]

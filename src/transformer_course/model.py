@@ -468,3 +468,13 @@ class DecoderOnlyLM(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, mask, cache=None if caches is None else caches[i])
         return self.out(self.norm(x))  # (B, T, V)
+
+
+def set_attention_backend(model: nn.Module, backend: str) -> nn.Module:
+    """Switch every ``MultiHeadAttention`` in ``model`` to ``backend`` ("naive" keeps
+    the weights for plots, "sdpa" is PyTorch's fused kernel); returns the model."""
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention):
+            module.backend = backend
+            module._backend_fn()  # fail now on an unknown name
+    return model

@@ -1,0 +1,203 @@
+"""Chapter 6's translator, measured: training budget, accuracy, decoding speed.
+
+    python benchmarks/translation.py                 # the chapter's setup (minutes)
+    python benchmarks/translation.py --steps 50 --smoke   # seconds; checks it runs
+
+Trains the chapter's model (English number words -> German, 2 + 2 layers,
+d_model 128, 4 heads, pre-LN, word-level English, 80-token German BPE, numbers split
+80/10/10 by value) for ``--steps`` optimisation steps and writes
+``results-translation.json`` and ``results-translation.md`` (into ``--out``, default
+this folder) with:
+
+- steps, wall-clock seconds and CPU threads of training, and validation exact match
+  every 100 steps;
+- held-out test exact match, chrF and character BLEU (sacrebleu) for greedy decoding on
+  all test numbers, and greedy vs beam search (K = 4, alpha = 0.6) on the first 1,000;
+- greedy decoding time with and without the KV cache (identical outputs checked).
+
+Numbers depend on the machine (and on other load on it); nothing here is a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import platform
+import time
+from pathlib import Path
+
+import sacrebleu
+import torch
+
+from transformer_course.data import batches, make_translation_data, pad_batch
+from transformer_course.decoding import beam_search, greedy_decode
+from transformer_course.device import get_device, set_seed
+from transformer_course.model import (
+    TransformerConfig,
+    make_model,
+    set_attention_backend,
+)
+from transformer_course.training import (
+    fit,
+    make_criterion,
+    noam_scheduler,
+    translation_loss,
+)
+
+HERE = Path(__file__).resolve().parent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads (CI: 2)")
+    parser.add_argument("--smoke", action="store_true", help="small eval sets")
+    parser.add_argument("--out", type=Path, default=HERE)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    device = get_device()
+
+    start = time.perf_counter()
+    data = make_translation_data(100_000, tgt_vocab_size=80)
+    data_s = time.perf_counter() - start
+    cfg = TransformerConfig(
+        src_vocab_size=data.src_tok.vocab_size,
+        tgt_vocab_size=data.tgt_tok.vocab_size,
+        d_model=128,
+        n_heads=4,
+        d_ff=512,
+        n_layers=2,
+        dropout=0.1,
+        norm_first=True,
+        max_len=32,
+        backend="sdpa",
+    )
+    set_seed(0)
+    model = make_model(cfg).to(device)
+    n_valid = 200 if args.smoke else 1000
+    valid_src = pad_batch(data.src_ids["valid"][:n_valid], device=device)
+    valid_ref = data.tgt_texts["valid"][:n_valid]
+
+    def exact(src, refs, decode=greedy_decode, **kw):
+        outs = [data.tgt_tok.decode(o) for o in decode(model, src, 24, **kw)]
+        return sum(o == r for o, r in zip(outs, refs)) / len(refs), outs
+
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0
+    )
+    gen = torch.Generator().manual_seed(0)
+    cpu0 = time.process_time()
+    hist = fit(
+        model,
+        lambda: batches(
+            data.src_ids["train"],
+            data.tgt_ids["train"],
+            args.batch,
+            generator=gen,
+            device=device,
+        ),
+        functools.partial(translation_loss, criterion=make_criterion(0.1)),
+        opt,
+        scheduler=noam_scheduler(opt, cfg.d_model, warmup=400),
+        max_steps=args.steps,
+        clip_norm=1.0,
+        eval_fn=lambda: exact(valid_src, valid_ref)[0],
+        eval_every=100,
+        progress=False,
+    )
+    train_cpu = time.process_time() - cpu0
+    model = set_attention_backend(model, "naive").eval()
+
+    n_test = 1000 if args.smoke else len(data.src_ids["test"])
+    test_src = pad_batch(data.src_ids["test"][:n_test], device=device)
+    test_ref = data.tgt_texts["test"][:n_test]
+    start = time.perf_counter()
+    greedy_acc, greedy_out = exact(test_src, test_ref)
+    greedy_s = time.perf_counter() - start
+    sub = min(1000, n_test)
+    start = time.perf_counter()
+    beam_acc, _ = exact(
+        test_src[:sub],
+        test_ref[:sub],
+        decode=beam_search,
+        beam_size=4,
+        length_penalty=0.6,
+    )
+    beam_s = time.perf_counter() - start
+    sub_greedy = sum(o == r for o, r in zip(greedy_out[:sub], test_ref[:sub])) / sub
+
+    timing = {}
+    outs = {}
+    for use_cache in (True, False):
+        start = time.perf_counter()
+        outs[use_cache] = greedy_decode(model, test_src[:sub], 24, use_cache=use_cache)
+        timing[use_cache] = time.perf_counter() - start
+
+    results = {
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "device": str(device),
+            "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+        },
+        "data_seconds": round(data_s, 1),
+        "train": {
+            "steps": hist.steps,
+            "batch": args.batch,
+            "seconds": round(hist.seconds, 1),
+            "process_cpu_seconds": round(train_cpu, 1),
+            "final_loss": round(hist.loss[-1], 4),
+            "valid_exact_match": [(s, round(v, 4)) for s, v in hist.evals],
+        },
+        "test": {
+            "numbers": n_test,
+            "greedy_exact_match": round(greedy_acc, 4),
+            "greedy_seconds": round(greedy_s, 2),
+            "chrf": round(sacrebleu.corpus_chrf(greedy_out, [test_ref]).score, 2),
+            "char_bleu": round(
+                sacrebleu.corpus_bleu(greedy_out, [test_ref], tokenize="char").score, 2
+            ),
+            f"greedy_exact_match_first_{sub}": round(sub_greedy, 4),
+            f"beam4_exact_match_first_{sub}": round(beam_acc, 4),
+            "beam4_seconds": round(beam_s, 2),
+        },
+        "kv_cache": {
+            "numbers": sub,
+            "greedy_seconds_cached": round(timing[True], 3),
+            "greedy_seconds_uncached": round(timing[False], 3),
+            "speedup": round(timing[False] / timing[True], 2),
+            "identical_outputs": outs[True] == outs[False],
+        },
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results-translation.json").write_text(json.dumps(results, indent=2))
+    t, e, k = results["train"], results["test"], results["kv_cache"]
+    md = [
+        "# Chapter 6 translator: measured",
+        "",
+        (
+            f"Machine: {results['machine']['platform']}, {results['machine']['device']}, "
+            f"{results['machine']['torch_threads']} torch threads, torch {torch.__version__}."
+        ),
+        "",
+        "| quantity | value |",
+        "|---|---|",
+        f"| training steps (batch {t['batch']}) | {t['steps']} |",
+        f"| training wall-clock seconds | {t['seconds']} |",
+        f"| training process CPU seconds | {t['process_cpu_seconds']} |",
+        f"| validation exact match by step | {', '.join(f'{s}: {v:.1%}' for s, v in t['valid_exact_match'])} |",
+        f"| test exact match, greedy ({e['numbers']:,} numbers) | {e['greedy_exact_match']:.2%} |",
+        f"| test chrF / character BLEU, greedy | {e['chrf']} / {e['char_bleu']} |",
+        f"| first {sub:,}: greedy / beam 4 exact match | {e[f'greedy_exact_match_first_{sub}']:.2%} / {e[f'beam4_exact_match_first_{sub}']:.2%} |",
+        f"| greedy with / without KV cache ({sub:,} numbers) | {k['greedy_seconds_cached']} s / {k['greedy_seconds_uncached']} s ({k['speedup']}x), identical: {k['identical_outputs']} |",
+        "",
+    ]
+    (args.out / "results-translation.md").write_text("\n".join(md))
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()

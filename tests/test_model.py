@@ -1,0 +1,140 @@
+"""The full Transformer (chapter 6): layer parity with PyTorch, masks, bad input."""
+
+import pytest
+import torch
+from torch import nn
+
+from transformer_course.masks import causal_mask, from_key_padding_mask
+from transformer_course.model import (
+    DecoderLayer,
+    DecoderOnlyLM,
+    EncoderLayer,
+    FeedForward,
+    TransformerConfig,
+    make_model,
+)
+
+param = pytest.mark.parametrize
+D, H, FF = 16, 4, 32
+
+
+def _kpm():
+    return torch.tensor([[0, 0, 0, 1, 1], [0, 0, 0, 0, 0]], dtype=torch.bool)
+
+
+@param("norm_first", [False, True])
+def test_encoder_layer_equals_pytorch(norm_first):
+    ref = nn.TransformerEncoderLayer(
+        D, H, FF, dropout=0.0, batch_first=True, norm_first=norm_first
+    ).eval()
+    ours = EncoderLayer(D, H, FF, norm_first=norm_first).load_from_torch(ref).eval()
+    x = torch.randn(2, 5, D)
+    want = ref(x, src_key_padding_mask=_kpm())
+    got = ours(x, from_key_padding_mask(_kpm()))
+    torch.testing.assert_close(got[0, :3], want[0, :3], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=1e-5)
+    # known wrong: the other norm placement with the same weights is far off
+    other = (
+        EncoderLayer(D, H, FF, norm_first=not norm_first).load_from_torch(ref).eval()
+    )
+    assert (other(x, from_key_padding_mask(_kpm())) - want)[1].abs().max() > 1e-2
+
+
+@param("norm_first", [False, True])
+def test_decoder_layer_equals_pytorch(norm_first):
+    ref = nn.TransformerDecoderLayer(
+        D, H, FF, dropout=0.0, batch_first=True, norm_first=norm_first
+    ).eval()
+    ours = DecoderLayer(D, H, FF, norm_first=norm_first).load_from_torch(ref).eval()
+    memory, y = torch.randn(2, 5, D), torch.randn(2, 4, D)
+    future = nn.Transformer.generate_square_subsequent_mask(4)  # float, -inf = blocked
+    want = ref(y, memory, tgt_mask=future, memory_key_padding_mask=_kpm())
+    got = ours(y, memory, causal_mask(4), from_key_padding_mask(_kpm()))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # known wrong: forgetting the causal mask lets positions see the future
+    leaky = ours(y, memory, None, from_key_padding_mask(_kpm()))
+    assert (leaky - want)[:, :-1].abs().max() > 1e-3
+
+
+def test_feed_forward_is_position_wise():
+    ff = FeedForward(D, FF)
+    x = torch.randn(3, 7, D)
+    torch.testing.assert_close(ff(x)[:, 2], ff(x[:, 2]))
+
+
+def _cfg(**kw):
+    base = {
+        "src_vocab_size": 20,
+        "tgt_vocab_size": 15,
+        "d_model": 32,
+        "n_heads": 4,
+        "d_ff": 64,
+        "dropout": 0.0,
+        "max_len": 12,
+    }
+    return TransformerConfig(**{**base, **kw})
+
+
+@param("norm_first", [False, True])
+def test_padding_does_not_change_real_positions(norm_first):
+    model = make_model(_cfg(norm_first=norm_first)).eval()
+    src = torch.tensor([[5, 6, 7]])
+    tgt = torch.tensor([[1, 8, 9]])
+    alone = model(src, tgt)
+    padded = model(torch.tensor([[5, 6, 7, 0, 0]]), torch.tensor([[1, 8, 9, 0]]))
+    torch.testing.assert_close(padded[:, :3], alone, atol=1e-5, rtol=1e-5)
+    # known wrong: the pad token read as a real token changes the result
+    assert (model(torch.tensor([[5, 6, 7, 4, 4]]), tgt) - alone).abs().max() > 1e-4
+
+
+def test_embeddings_scaled_and_tied():
+    model = make_model(_cfg(tie_embeddings=True))
+    assert model.decoder.out.weight is model.decoder.embed.tokens.weight
+    emb = model.encoder.embed
+    assert emb.scale == pytest.approx(32**0.5)
+    assert (
+        not make_model(_cfg()).decoder.out.weight
+        is make_model(_cfg()).decoder.embed.tokens.weight
+    )
+
+
+@param(
+    "bad, err, words",
+    [
+        (torch.zeros(2, 0, dtype=torch.long), ValueError, "L >= 1"),  # empty source
+        (torch.full((1, 13), 5), ValueError, "max_len = 12"),  # too long
+        (torch.tensor([[5, 25]]), ValueError, "token id 25"),  # unknown token
+        (torch.tensor([[5.0, 6.0]]), TypeError, "integer"),
+        (torch.tensor([5, 6]), ValueError, "(B, L)"),
+    ],
+)
+def test_bad_source_gives_clear_error(bad, err, words):
+    model = make_model(_cfg())
+    with pytest.raises(err, match="src") as info:
+        model.encode(bad)
+    assert words in str(info.value)
+
+
+def test_config_rejects_indivisible_heads():
+    with pytest.raises(ValueError, match="n_heads"):
+        TransformerConfig(d_model=30, n_heads=4)
+
+
+def test_decoder_only_lm_is_causal():
+    lm = DecoderOnlyLM(_cfg()).eval()
+    ids = torch.tensor([[4, 5, 6, 7, 8]])
+    changed = ids.clone()
+    changed[0, 3] = 9
+    a, b = lm(ids), lm(changed)
+    torch.testing.assert_close(a[:, :3], b[:, :3])
+    assert (a[:, 3:] - b[:, 3:]).abs().max() > 1e-4  # the check can see a change
+
+
+def test_cross_and_self_attention_weights_are_kept():
+    model = make_model(_cfg()).eval()
+    model(torch.tensor([[5, 6, 7, 0]]), torch.tensor([[1, 8, 9]]))
+    layer = model.decoder.layers[0]
+    assert layer.cross_attn_weights.shape == (1, 4, 3, 4)
+    assert layer.cross_attn_weights[..., 3].abs().max() == 0  # padding key
+    w = layer.self_attn_weights[0, 0]
+    assert torch.equal(w.triu(1), torch.zeros_like(w))  # causal
