@@ -1,11 +1,20 @@
 """The built site in a real browser: Debian's chromium driven by Playwright (no browser
-download). Pages load without console errors and without any request to another host;
-animations and interactive views respond to their controls; math renders."""
+download), over every page listed in _toc.yml.
+
+Every page loads without console errors and without any request to another host; on
+every chapter page every animation plays (moving its slider changes the frame), every
+interactive view responds to each of its controls, every exercise solution starts hidden
+and opens on click, and the math renders. The search page finds "multi-head" once
+chapter 3 is in the toc. A full-page screenshot of every chapter lands in
+_build/screenshots/ for review.
+
+Each check is a helper that returns the problems it found, and each helper is shown
+rejecting a known-broken page at the end of the file.
+"""
 
 from __future__ import annotations
 
 import functools
-import re
 import shutil
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -13,14 +22,40 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+import yaml
 
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[1]
+SCREENSHOTS = ROOT / "_build" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
-CHAPTERS = sorted(re.findall(r"file: book/(\d\d_\w+)", (ROOT / "_toc.yml").read_text()))
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def toc_pages() -> list[str]:
+    """Every page of _toc.yml, in order, as its path without suffix ("book/01_qkv")."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    pages = [toc["root"]]
+
+    def walk(entries):
+        for entry in entries or []:
+            if "file" in entry:
+                pages.append(entry["file"])
+            walk(entry.get("sections"))
+
+    for part in toc.get("parts", []):
+        walk(part.get("chapters"))
+    walk(toc.get("chapters"))
+    return pages
+
+
+PAGES = toc_pages()
+CHAPTERS = [p for p in PAGES if Path(p).name[:2].isdigit()]
+
+
+def short(page: str) -> str:
+    return Path(page).name
 
 
 class _Quiet(SimpleHTTPRequestHandler):
@@ -51,73 +86,228 @@ def browser():
 
 
 class Visit:
-    """Open one page, recording console errors and requests to other hosts."""
+    """Open one page, recording console errors and requests to other hosts. Requests to
+    other hosts are recorded and aborted, so the check never touches the network."""
 
-    def __init__(self, browser, url):
+    def __init__(self, browser, url=None, *, html=None):
         self.page = browser.new_page(viewport={"width": 1280, "height": 900})
         self.errors, self.outside = [], []
         self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.page.on("request", self._request)
-        self.page.goto(url, wait_until="networkidle")
+        self.page.route("**/*", self._route)
+        if html is not None:
+            self.page.set_content(html, wait_until="load")
+        else:
+            self.page.goto(url, wait_until="networkidle")
 
-    def _request(self, request):
-        host = urlparse(request.url).hostname
-        if request.url.startswith(("data:", "blob:", "about:")):
-            return
-        if host not in ("127.0.0.1", "localhost"):
-            self.outside.append(request.url)
+    def _route(self, route):
+        url = route.request.url
+        host = urlparse(url).hostname
+        if url.startswith(("data:", "blob:", "about:")) or host in ("127.0.0.1", "localhost"):
+            route.continue_()
+        else:
+            self.outside.append(url)
+            route.abort()
 
 
-@pytest.mark.parametrize("name", ["intro", *CHAPTERS])
+# -- checks: each returns a list of problems (empty = fine) ---------------------------
+
+def _set(locator, value) -> None:
+    locator.evaluate(
+        "(el, v) => { el.value = String(v); el.dispatchEvent(new Event('input'));"
+        " el.dispatchEvent(new Event('change')); }", value,
+    )
+
+
+def animation_problems(page) -> list[str]:
+    """Each matplotlib to_jshtml animation: moving its slider to the last frame and
+    back to the first changes the displayed frame."""
+    problems = []
+    sliders = page.locator("input.anim-slider")
+    for i in range(sliders.count()):
+        slider = sliders.nth(i)
+        anim_id = slider.get_attribute("id").removeprefix("_anim_slider")
+        image = page.locator(f"img#_anim_img{anim_id}")
+        last = int(slider.get_attribute("max") or 0)
+        if last < 1:
+            problems.append(f"animation {i}: only one frame")
+            continue
+        _set(slider, 0)
+        first = image.get_attribute("src")
+        _set(slider, last)
+        final = image.get_attribute("src")
+        if not first or first == final:
+            problems.append(f"animation {i}: moving the slider did not change the frame")
+    return problems
+
+
+def interactive_problems(page) -> list[str]:
+    """Each pre-rendered interactive view (viz.interactive): changing any one of its
+    controls changes the displayed image, and sliders show their current value."""
+    problems = []
+    views = page.locator("div.tc-interactive")
+    for i in range(views.count()):
+        view = views.nth(i)
+        frame = view.locator("img.tc-frame")
+        controls = view.locator("[data-control]")
+        if controls.count() == 0:
+            problems.append(f"view {i}: no controls")
+        for j in range(controls.count()):
+            control = controls.nth(j)
+            tag = control.evaluate("el => el.tagName.toLowerCase()")
+            if tag == "select":
+                n = control.locator("option").count()
+            else:
+                n = int(control.get_attribute("max") or 0) + 1
+            if n < 2:
+                continue  # a single value: nothing to change
+            before_value = control.evaluate("el => el.value")
+            before = frame.get_attribute("src")
+            other = n - 1 if before_value == "0" else 0
+            _set(control, other)
+            if frame.get_attribute("src") == before:
+                problems.append(f"view {i}: control {j} ({tag}) did not change the image")
+            if tag == "input" and not control.locator(
+                    "xpath=..").locator(".tc-value").inner_text().strip():
+                problems.append(f"view {i}: slider {j} shows no value")
+            _set(control, before_value)
+    return problems
+
+
+def solution_problems(page) -> list[str]:
+    """Each sphinx-exercise solution starts hidden and opens when its button is clicked."""
+    problems = []
+    solutions = page.locator("div.solution")
+    for i in range(solutions.count()):
+        solution = solutions.nth(i)
+        body = solution.locator(".admonition-title ~ *").first
+        if body.count() == 0:
+            problems.append(f"solution {i}: no body")
+            continue
+        if body.is_visible():
+            problems.append(f"solution {i}: visible before clicking")
+            continue
+        solution.locator("button.toggle-button").first.click()
+        try:
+            body.wait_for(state="visible", timeout=5_000)
+        except Exception:  # noqa: BLE001 (playwright's TimeoutError)
+            problems.append(f"solution {i}: did not open on click")
+    return problems
+
+
+def math_problems(page, timeout: int = 30_000) -> list[str]:
+    """MathJax typeset every formula: there is rendered math, no TeX error box, and no
+    unprocessed math left in the text."""
+    if page.locator(".math, span.math, div.math").count() == 0:
+        return []
+    try:
+        page.wait_for_selector("mjx-container svg", state="attached", timeout=timeout)
+        page.evaluate("() => MathJax.startup.promise")  # typesetting finished
+    except Exception:  # noqa: BLE001 (playwright's TimeoutError)
+        return ["MathJax did not render any formula"]
+    problems = []
+    errors = page.locator("mjx-merror, [data-mjx-error]")
+    if errors.count():
+        problems.append(f"{errors.count()} TeX error(s), e.g. "
+                        f"{errors.first.get_attribute('data-mjx-error') or errors.first.inner_text()}")
+    left = page.evaluate(
+        "() => Array.from(document.querySelectorAll('.math'))"
+        ".filter(el => !el.querySelector('mjx-container'))"
+        ".map(el => el.textContent.slice(0, 60))"
+    )
+    if left:
+        problems.append(f"{len(left)} formula(s) not typeset, e.g. {left[:2]}")
+    return problems
+
+
+# -- the site ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", PAGES, ids=short)
 def test_page_loads_cleanly_and_stays_on_this_host(browser, server, name):
-    visit = Visit(browser, f"{server}/book/{name}.html")
+    visit = Visit(browser, f"{server}/{name}.html")
+    if name in CHAPTERS:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        visit.page.screenshot(path=str(SCREENSHOTS / f"{short(name)}.png"), full_page=True)
+    visit.page.close()
     assert not visit.outside, f"requests to other hosts: {visit.outside}"
     assert not visit.errors, f"console errors: {visit.errors}"
-    visit.page.close()
 
 
-def test_chapter_1_animation_slider_changes_the_frame(browser, server):
-    page = Visit(browser, f"{server}/book/01_qkv.html").page
-    slider = page.locator("input.anim-slider").first
-    image = page.locator("img[id^='_anim_img']").first
-    before = image.get_attribute("src")
-    last = int(slider.get_attribute("max"))
-    slider.evaluate(
-        "(el, v) => { el.value = v; el.dispatchEvent(new Event('input')); }", last
+@pytest.mark.parametrize("name", CHAPTERS, ids=short)
+def test_every_animation_plays(browser, server, name):
+    page = Visit(browser, f"{server}/{name}.html").page
+    count = page.locator("input.anim-slider").count()
+    problems = animation_problems(page)
+    page.close()
+    assert count, f"{short(name)} has no animation (every chapter needs one)"
+    assert not problems, f"{short(name)}: {problems}"
+
+
+@pytest.mark.parametrize("name", CHAPTERS, ids=short)
+def test_every_interactive_view_responds_to_each_control(browser, server, name):
+    page = Visit(browser, f"{server}/{name}.html").page
+    count = page.locator("div.tc-interactive").count()
+    problems = interactive_problems(page)
+    page.close()
+    assert count, f"{short(name)} has no interactive view (every chapter needs one)"
+    assert not problems, f"{short(name)}: {problems}"
+
+
+@pytest.mark.parametrize("name", CHAPTERS, ids=short)
+def test_every_solution_starts_hidden_and_opens_on_click(browser, server, name):
+    page = Visit(browser, f"{server}/{name}.html").page
+    count = page.locator("div.solution").count()
+    problems = solution_problems(page)
+    page.close()
+    assert count, f"{short(name)} has no exercise solution"
+    assert not problems, f"{short(name)}: {problems}"
+
+
+@pytest.mark.parametrize("name", PAGES, ids=short)
+def test_math_renders(browser, server, name):
+    page = Visit(browser, f"{server}/{name}.html").page
+    problems = math_problems(page)
+    page.close()
+    assert not problems, f"{short(name)}: {problems}"
+
+
+@pytest.mark.skipif("book/03_multi_head" not in PAGES, reason="chapter 3 not in the toc")
+def test_search_finds_multi_head(browser, server):
+    page = Visit(browser, f"{server}/search.html?q=multi-head").page
+    page.wait_for_selector("#search-results ul.search li a", timeout=60_000)
+    hrefs = page.eval_on_selector_all(
+        "#search-results ul.search li a", "els => els.map(e => e.getAttribute('href'))"
     )
-    after = image.get_attribute("src")
-    assert before and after and before != after
     page.close()
+    assert any("03_multi_head" in h for h in hrefs), hrefs
 
 
-def test_chapter_1_interactive_view_responds_to_its_controls(browser, server):
-    page = Visit(browser, f"{server}/book/01_qkv.html").page
-    view = page.locator("div.tc-interactive").first
-    frame = view.locator("img.tc-frame")
-    start = frame.get_attribute("src")
-    view.locator("select[data-control]").first.select_option(index=2)
-    after_menu = frame.get_attribute("src")
-    assert after_menu != start
-    slider = view.locator("input[type=range][data-control]").first
-    slider.evaluate("(el) => { el.value = el.max; el.dispatchEvent(new Event('input')); }")
-    assert frame.get_attribute("src") not in (start, after_menu)
-    assert view.locator(".tc-value").first.inner_text() != ""
-    page.close()
+# -- every check rejects a known-broken page ---------------------------------------------
+
+BROKEN = """<html lang="en"><head><title>broken</title>
+<link rel="stylesheet" href="https://cdn.example.org/font-awesome.css"></head><body>
+<script>console.error("boom");</script>
+<img id="_anim_imgX" src="data:image/png;base64,AAAA">
+<input class="anim-slider" id="_anim_sliderX" type="range" min="0" max="3" value="0">
+<div class="tc-interactive"><label>t <input type="range" min="0" max="2" value="0"
+ data-control="0"> <span class="tc-value"></span></label>
+<img class="tc-frame" alt="x" src="data:image/png;base64,AAAA"></div>
+<div class="solution dropdown admonition"><p class="admonition-title">Solution</p>
+<pre>print(1)</pre><button class="toggle-button">open</button></div>
+<span class="math">\\(x^2\\)</span>
+</body></html>"""
 
 
-def test_math_renders(browser, server):
-    page = Visit(browser, f"{server}/book/01_qkv.html").page
-    page.wait_for_selector("mjx-container svg", timeout=20_000)
-    assert page.locator("mjx-container").count() > 5
-    page.close()
-
-
-def test_solution_starts_hidden_and_opens_on_click(browser, server):
-    page = Visit(browser, f"{server}/book/01_qkv.html").page
-    solution = page.locator("div.solution").first
-    body = solution.locator("pre").first
-    assert not body.is_visible()
-    solution.locator("button.toggle-button").first.click()
-    body.wait_for(state="visible", timeout=5_000)
+def test_checks_reject_a_broken_page(browser):
+    visit = Visit(browser, html=BROKEN)
+    page = visit.page
+    assert visit.outside == ["https://cdn.example.org/font-awesome.css"]
+    assert any("boom" in e for e in visit.errors)
+    assert animation_problems(page) == [
+        "animation 0: moving the slider did not change the frame"]
+    problems = interactive_problems(page)
+    assert "view 0: control 0 (input) did not change the image" in problems
+    assert "view 0: slider 0 shows no value" in problems
+    assert solution_problems(page) == ["solution 0: visible before clicking"]
+    assert math_problems(page, timeout=500) == ["MathJax did not render any formula"]
     page.close()

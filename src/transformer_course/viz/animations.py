@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from html import escape
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from IPython.display import HTML
 from matplotlib.animation import Animation, FuncAnimation
+
+from transformer_course.viz.plots import alt_text
 
 # to_jshtml() draws its buttons with Font Awesome 4 icons loaded from a CDN. The site
 # must make no outside request, so the stylesheet link is dropped and each icon becomes
@@ -28,19 +31,24 @@ _ICONS = {
     "fa fa-minus": "\u2212",
     "fa fa-plus": "+",
 }
-_LINK = re.compile(r"<link[^>]*font-awesome[^>]*>", re.S)
+_LINK = re.compile(r"<link[^>]*font-awesome[^>]*>", re.DOTALL)
 
 
-def animation_html(anim: Animation, *, default_mode: str = "once") -> HTML:
+def animation_html(
+    anim: Animation, *, default_mode: str = "once", alt: str | None = None
+) -> HTML:
     """Render an animation as self-contained JS HTML and close its figure.
 
     Args:
         anim: a matplotlib ``Animation`` (e.g. ``FuncAnimation``).
         default_mode: "once", "loop" or "reflect" (the player's initial mode).
+        alt: what the animation shows, for readers who cannot see it (the frame
+            image's alt text); default: described from the figure's titles and axis
+            labels (``viz.plots.alt_text``) as they stand after the last frame.
 
     Returns:
-        ``IPython.display.HTML`` with a frame slider and play buttons; displaying it
-        gives exactly one text/html output.
+        ``IPython.display.HTML`` with a frame slider (labelled for screen readers) and
+        play buttons; displaying it gives exactly one text/html output.
 
     Raises:
         TypeError: if ``anim`` is not a matplotlib Animation.
@@ -52,6 +60,12 @@ def animation_html(anim: Animation, *, default_mode: str = "once") -> HTML:
     html = _LINK.sub("", html)
     for cls, symbol in _ICONS.items():
         html = html.replace(f'<i class="{cls}"></i>', symbol)
+    if alt is None:
+        alt = "Animation. " + alt_text(anim._fig)
+    html = re.sub(r'<img id="(_anim_img\w+)">',
+                  lambda m: f'<img id="{m[1]}" alt="{escape(alt)}">', html)
+    html = re.sub(r'(<input id="_anim_slider\w+" type="range" class="anim-slider")',
+                  r'\1 aria-label="Animation frame"', html)
     return HTML(html)
 
 
@@ -120,4 +134,8 @@ def query_scan_animation(
         return (*bars_s, *bars_w, title)
 
     anim = FuncAnimation(fig, update, frames=n, interval=interval, blit=False)
-    return animation_html(anim)
+    return animation_html(anim, alt=(
+        f"Animation in {n} frames: query '{query_token}' scans the keys "
+        f"{', '.join(map(str, key_tokens))} one by one; left, the bar chart of its "
+        "scores; right, the softmax over the keys seen so far, ending with its final "
+        "attention weights"))

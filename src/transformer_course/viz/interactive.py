@@ -23,6 +23,8 @@ from numbers import Number
 from IPython.display import HTML, display
 from matplotlib.figure import Figure
 
+from transformer_course.viz.plots import alt_text
+
 STATIC_ENV = "TRANSFORMER_COURSE_STATIC"
 MAX_FRAMES = 240
 
@@ -63,14 +65,15 @@ def _png(fig: Figure, dpi: int) -> str:
 
 
 def static_html(
-    fn: Callable[..., Figure], controls: dict, *, alt: str, dpi: int = 72
+    fn: Callable[..., Figure], controls: dict, *, alt: str | None = None, dpi: int = 72
 ) -> str:
     """Pre-render ``fn`` for every combination of control values; return the HTML.
 
     Args:
         fn: called as ``fn(**values)``; returns a matplotlib Figure.
         controls: name -> list of values (or dict label -> value).
-        alt: alt text of the image (what the view shows).
+        alt: alt text of the image (what the view shows); default: described from the
+            first figure's titles and axis labels (``viz.plots.alt_text``).
         dpi: resolution of the pre-rendered images.
 
     Raises:
@@ -88,7 +91,10 @@ def static_html(
     frames = {}
     for idx in itertools.product(*(range(len(o)) for o in opts)):
         values = {n: opts[i][j][1] for i, (n, j) in enumerate(zip(names, idx))}
-        frames["-".join(map(str, idx))] = _png(fn(**values), dpi)
+        fig = fn(**values)
+        if alt is None and isinstance(fig, Figure):
+            alt = alt_text(fig)
+        frames["-".join(map(str, idx))] = _png(fig, dpi)
     uid = "tc-" + uuid.uuid4().hex[:10]
     parts = []
     for i, (name, o) in enumerate(zip(names, opts)):
@@ -137,14 +143,15 @@ def static_html(
 
 
 def interactive(
-    fn: Callable[..., Figure], *, alt: str = "interactive figure", dpi: int = 72,
+    fn: Callable[..., Figure], *, alt: str | None = None, dpi: int = 72,
     **controls,
 ):
     """Show ``fn`` with one control per keyword argument, live or pre-rendered.
 
     Args:
         fn: called as ``fn(**values)``; must return a matplotlib Figure.
-        alt: alt text for the static image (what the figure shows).
+        alt: alt text for the static image (what the figure shows); default:
+            described from the first figure's titles and axis labels.
         dpi: resolution of pre-rendered images (static mode only).
         **controls: name -> list of values (numbers give a slider, other values a
             menu), or dict label -> value.

@@ -6,6 +6,11 @@ in the spirit of d2l's ``show_heatmaps``; the caller decides whether to show or 
 
 from __future__ import annotations
 
+import base64
+import html
+import io
+import os
+import weakref
 from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
@@ -78,6 +83,11 @@ def attention_heatmap(
     image = _draw(ax, w, x_labels, y_labels, title, cmap, annotate, max(w.max(), 1e-9))
     fig.colorbar(image, ax=ax, label="attention weight")
     plt.close(fig)  # the caller shows it; no stray copy in notebooks
+    rows = f" ({', '.join(map(str, y_labels))})" if y_labels is not None else ""
+    cols = f" ({', '.join(map(str, x_labels))})" if x_labels is not None else ""
+    set_alt_text(fig, (f"{title + ': ' if title else ''}heatmap of attention weights, "
+                       f"{w.shape[0]} queries{rows} as rows by {w.shape[1]} keys{cols} "
+                       f"as columns; brighter cells are larger weights (max {w.max():.2f})"))
     return fig
 
 
@@ -132,4 +142,92 @@ def attention_grid(
     if title:
         fig.suptitle(title)
     plt.close(fig)
+    set_alt_text(fig, (f"{title + ': ' if title else ''}grid of {n_rows} by {n_cols} "
+                       f"attention weight maps, {row_label}s as rows and {col_label}s as "
+                       f"columns; each map has queries as rows and keys as columns"))
     return fig
+
+
+# -- alt text: every figure on the static site gets a text description ------------------
+
+_ALT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def set_alt_text(fig: Figure, text: str) -> Figure:
+    """Attach a description (alt text) to ``fig`` for readers who cannot see it; the book
+    build writes it as the image's ``alt`` attribute. Returns ``fig``.
+
+    Raises:
+        TypeError: if ``fig`` is not a Figure or ``text`` is not a non-empty string.
+    """
+    if not isinstance(fig, Figure):
+        raise TypeError(f"fig: expected a matplotlib Figure, got {type(fig).__name__}")
+    if not isinstance(text, str) or not text.strip():
+        raise TypeError(f"text: expected a non-empty string, got {text!r}")
+    _ALT[fig] = text.strip()
+    return fig
+
+
+def describe_figure(fig: Figure) -> str:
+    """A description of ``fig`` built from what it states: its title, and each panel's
+    title and axis labels (the first 6 panels)."""
+    parts = []
+    suptitle = fig._suptitle.get_text().strip() if fig._suptitle else ""
+    if suptitle:
+        parts.append(suptitle)
+    axes = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    for ax in axes[:6]:
+        bits = [ax.get_title().strip()]
+        if ax.get_xlabel().strip():
+            bits.append(f"x: {ax.get_xlabel().strip()}")
+        if ax.get_ylabel().strip():
+            bits.append(f"y: {ax.get_ylabel().strip()}")
+        bits = [b for b in bits if b]
+        if bits:
+            parts.append(", ".join(bits))
+    if len(axes) > 6:
+        parts.append(f"and {len(axes) - 6} more panels")
+    if not parts:
+        return f"Figure with {len(axes)} panel(s)"
+    return "Figure: " + "; ".join(parts)
+
+
+def alt_text(fig: Figure) -> str:
+    """The alt text of ``fig``: the one given to ``set_alt_text``, else
+    ``describe_figure(fig)``."""
+    return _ALT.get(fig) or describe_figure(fig)
+
+
+def figure_html(fig: Figure) -> str:
+    """``fig`` as an HTML ``<img>`` (PNG data URI) with its alt text."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    data = base64.b64encode(buf.getvalue()).decode()
+    return (f'<img src="data:image/png;base64,{data}" alt="{html.escape(alt_text(fig))}" '
+            'style="max-width:100%">')
+
+
+def _static_figure_html(fig: Figure) -> str | None:
+    # IPython calls this for every Figure it displays; None keeps the usual PNG output.
+    if os.environ.get("TRANSFORMER_COURSE_STATIC", "").lower() not in {"1", "true", "yes"}:
+        return None
+    try:
+        return figure_html(fig)
+    except Exception:  # noqa: BLE001 (never break a cell's output; fall back to the PNG)
+        return None
+
+
+def register_alt_text_display() -> bool:
+    """In the book build (``TRANSFORMER_COURSE_STATIC=1``), show every Figure as an
+    ``<img>`` with alt text instead of a bare PNG (myst-nb gives output PNGs no alt
+    text). Called when ``transformer_course.viz`` is imported inside IPython; returns
+    whether a running IPython was found."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    ip = get_ipython()
+    if ip is None:
+        return False
+    ip.display_formatter.formatters["text/html"].for_type(Figure, _static_figure_html)
+    return True
