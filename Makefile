@@ -13,7 +13,7 @@ PORT ?= 8000
 # The book build pre-renders interactive views and runs chapters on the CPU unless told otherwise.
 export TRANSFORMER_COURSE_STATIC := 1
 
-.PHONY: book test test-lib serve notebooks lint clean bench
+.PHONY: book test test-lib serve notebooks lint clean assignments grade gpu-check bench
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,20 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/translation.py
+
+# On a machine with a CUDA GPU: device selection, a training run, the Triton kernel against
+# SDPA; writes benchmarks/gpu-results.md. Without a GPU it says so and exits 0.
+gpu-check: $(STAMP)
+	$(PY) tools/gpu_check.py
+
+# Instructor workflow (book/instructor_guide.md): otter assignments into dist/assignments/,
+# then grade a folder of submitted notebooks. Options: ARGS="..." (tools/assignments.py).
+assignments: $(STAMP)
+	$(PY) tools/assignments.py assign $(ARGS)
+
+grade: $(STAMP)
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=<folder of notebooks>"; exit 2; }
+	$(PY) tools/assignments.py grade "$(SUBMISSIONS)" $(ARGS)
 
 serve:
 	$(PY) -m http.server $(PORT) --bind 127.0.0.1 --directory _build/html

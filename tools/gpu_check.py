@@ -1,0 +1,313 @@
+"""The GPU path of the course, checked on a CUDA GPU: `make gpu-check`.
+
+    python tools/gpu_check.py               # on a machine with a CUDA GPU
+    python tools/gpu_check.py --cpu-smoke   # the same steps, tiny, on the CPU (tests)
+
+Steps (each prints what it measured; any failed check exits 1):
+
+1. device selection: ``get_device()`` picks CUDA, ``TRANSFORMER_COURSE_DEVICE=cpu``
+   overrides it, and the library's attention backends agree with a float64 reference
+   on the GPU in float32/float16/bfloat16, fully masked rows giving zeros (pitfall P1);
+2. a short training run of the library's ``DecoderOnlyLM`` on the GPU (character level,
+   English number words from ``num2words``, so nothing is downloaded): the loss must
+   fall, and greedy generation with the KV cache must equal generation without it;
+3. the Triton FlashAttention kernel (``triton_kernels.flash_attention``, if present):
+   agreement with PyTorch's SDPA (causal, padding mask, T not a multiple of the block),
+   then its time and TFLOP/s against ``F.scaled_dot_product_attention`` for growing T.
+
+Writes ``benchmarks/gpu-results.md``. Sized for one H100/H200 well within 8 minutes.
+Without a CUDA GPU it says so and exits 0 (nothing is written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import os
+import platform
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "gpu-results.md"
+
+
+class Report:
+    def __init__(self):
+        self.lines: list[str] = []
+        self.failures: list[str] = []
+
+    def section(self, title: str):
+        print(f"\n== {title}", flush=True)
+        self.lines += ["", f"## {title}", ""]
+
+    def line(self, text: str):
+        print(text, flush=True)
+        self.lines.append(text)
+
+    def check(self, ok: bool, what: str):
+        self.line(f"- {'ok' if ok else 'FAILED'}: {what}")
+        if not ok:
+            self.failures.append(what)
+
+    def table(self, rows: list[dict]):
+        if not rows:
+            return
+        keys = list(rows[0])
+        self.line("| " + " | ".join(keys) + " |")
+        self.line("|" + "---|" * len(keys))
+        for r in rows:
+            self.line("| " + " | ".join(
+                f"{v:.4g}" if isinstance(v, float) else str(v) for v in r.values()) + " |")
+
+
+def sync(device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, device, repeat: int) -> float:
+    """Median seconds of ``fn()`` over ``repeat`` runs after two warm-up runs."""
+    for _ in range(2):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+# -- 1. device selection and attention on the device ------------------------------------
+
+def check_device(report: Report, device: torch.device):
+    from transformer_course.attention import ATTENTION_BACKENDS
+    from transformer_course.device import ENV_VAR, get_device
+    from transformer_course.masks import causal_mask
+
+    report.section("Device selection and attention backends")
+    old = os.environ.pop(ENV_VAR, None)
+    try:
+        chosen = get_device()
+        report.check(chosen.type == device.type, f"get_device() chose {chosen}")
+        os.environ[ENV_VAR] = "cpu"
+        report.check(get_device().type == "cpu", f"{ENV_VAR}=cpu overrides it")
+    finally:
+        os.environ.pop(ENV_VAR, None)
+        if old is not None:
+            os.environ[ENV_VAR] = old
+
+    torch.manual_seed(0)
+    B, H, T, d = 2, 4, 67, 32
+    q, k, v = (torch.randn(B, H, T, d, dtype=torch.float64) for _ in range(3))
+    mask = causal_mask(T, T).expand(B, H, T, T).clone()
+    mask[1, :, 5, :] = False  # one fully masked query row (pitfall P1)
+    ref = torch.softmax((q @ k.transpose(-1, -2) / math.sqrt(d)).masked_fill(
+        ~mask, float("-inf")), dim=-1).nan_to_num(0.0) @ v
+    tolerance = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+    backends = dict(ATTENTION_BACKENDS)
+    if importlib.util.find_spec("transformer_course.efficient"):
+        from transformer_course.efficient import tiled_attention
+
+        backends.setdefault("tiled", lambda q, k, v, mask=None: (
+            tiled_attention(q, k, v, mask), None))
+    rows = []
+    for name, fn in backends.items():
+        for dtype, tol in tolerance.items():
+            args = [x.to(device, dtype) for x in (q, k, v)]
+            out = fn(*args, mask=mask.to(device))[0]
+            err = (out.double().cpu() - ref).abs().max().item()
+            row5 = out[1, :, 5].abs().max().item()
+            finite = bool(torch.isfinite(out).all())
+            rows.append({"backend": name, "dtype": str(dtype).removeprefix("torch."),
+                         "max abs error": err, "masked row max": row5,
+                         "finite": finite})
+            if not (err <= tol and row5 == 0.0 and finite):
+                report.failures.append(f"{name} {dtype}: error {err:.3g}, masked row "
+                                       f"{row5:.3g}, finite {finite}")
+    report.table(rows)
+    report.check(not any("error" in f for f in report.failures),
+                 "every backend agrees with the float64 reference; masked rows are 0")
+
+
+# -- 2. a training run on the device ---------------------------------------------------------
+
+def check_training(report: Report, device: torch.device, *, steps: int, d_model: int,
+                   n_layers: int, batch: int, block: int):
+    from transformer_course.data import CharTokenizer, number_words
+    from transformer_course.decoding import new_caches
+    from transformer_course.model import DecoderOnlyLM, TransformerConfig
+
+    report.section("Training the library's DecoderOnlyLM on the device")
+    torch.manual_seed(0)
+    text = " ".join(number_words(n) + "." for n in range(0, 20_000, 7))
+    tok = CharTokenizer([text])
+    data = torch.tensor(tok.encode(text), device=device)
+    cfg = TransformerConfig(tgt_vocab_size=tok.vocab_size, d_model=d_model,
+                            n_heads=max(1, d_model // 64), d_ff=4 * d_model,
+                            n_layers=n_layers, max_len=block + 32, dropout=0.0,
+                            backend="sdpa", tie_embeddings=True)
+    model = DecoderOnlyLM(cfg).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    amp = device.type == "cuda"
+
+    def batch_xy():
+        i = torch.randint(0, len(data) - block - 1, (batch,), device=device)
+        idx = i[:, None] + torch.arange(block + 1, device=device)  # (batch, block + 1)
+        chunk = data[idx]
+        return chunk[:, :-1], chunk[:, 1:]
+
+    losses = []
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        x, y = batch_xy()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            logits = model(x)  # (batch, block, V)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+    sync(device)
+    seconds = time.perf_counter() - start
+    first = sum(losses[:10]) / min(10, len(losses))
+    last = sum(losses[-10:]) / min(10, len(losses))
+    report.table([{"parameters": n_params, "steps": steps, "batch x block":
+                   f"{batch} x {block}", "seconds": seconds,
+                   "tokens/s": steps * batch * block / seconds,
+                   "loss first 10": first, "loss last 10": last}])
+    report.check(last < 0.7 * first, f"loss fell from {first:.3f} to {last:.3f}")
+
+    model.eval()
+    prompt = torch.tensor([tok.encode("forty-two")], device=device)
+    with torch.no_grad():
+        plain, cached = prompt, prompt
+        caches = new_caches(model)
+        step_in = prompt
+        for _ in range(16):
+            nxt = model(plain)[:, -1].argmax(-1, keepdim=True)
+            plain = torch.cat([plain, nxt], dim=1)
+            nxt_c = model(step_in, caches=caches)[:, -1].argmax(-1, keepdim=True)
+            cached = torch.cat([cached, nxt_c], dim=1)
+            step_in = nxt_c
+    report.line(f"generated after 'forty-two': {tok.decode(plain[0].tolist())!r}")
+    report.check(torch.equal(plain, cached), "greedy tokens with KV cache == without")
+
+
+# -- 3. the Triton kernel --------------------------------------------------------------------------
+
+def check_triton(report: Report, device: torch.device, *, lengths: list[int],
+                 repeat: int):
+    report.section("Triton FlashAttention kernel against PyTorch SDPA")
+    if importlib.util.find_spec("transformer_course.triton_kernels") is None:
+        report.line("transformer_course.triton_kernels does not exist yet: skipped")
+        return
+    from transformer_course import triton_kernels
+
+    if not triton_kernels.is_available(device):
+        report.line(f"Triton cannot run on {device} here: skipped")
+        return
+    flash = triton_kernels.flash_attention
+    torch.manual_seed(0)
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    B, H, T, d = 2, 3, 130, 64  # T not a multiple of the block (pitfall P17)
+    q, k, v = (torch.randn(B, H, T, d, device=device, dtype=dtype) for _ in range(3))
+    keep = torch.ones(B, T, dtype=torch.bool, device=device)
+    keep[1, 100:] = False
+    cases = {
+        "plain": (flash(q, k, v), F.scaled_dot_product_attention(q, k, v)),
+        "causal": (flash(q, k, v, causal=True),
+                   F.scaled_dot_product_attention(q, k, v, is_causal=True)),
+        "padding mask": (flash(q, k, v, key_mask=keep), F.scaled_dot_product_attention(
+            q, k, v, attn_mask=keep[:, None, None, :])),
+    }
+    tol = 2e-2 if dtype == torch.float16 else 1e-4
+    for name, (ours, ref) in cases.items():
+        err = (ours.float() - ref.float()).abs().max().item()
+        report.check(err <= tol, f"{name}: max abs difference {err:.2e} (<= {tol:g})")
+
+    rows = []
+    for t in lengths:
+        B, H, d = 4, 16, 64
+        q, k, v = (torch.randn(B, H, t, d, device=device, dtype=dtype) for _ in range(3))
+        flops = 4 * B * H * t * t * d / 2  # two matmuls, causal half
+        ours = timed(partial(flash, q, k, v, causal=True), device, repeat)
+        ref = timed(partial(F.scaled_dot_product_attention, q, k, v, is_causal=True),
+                    device, repeat)
+        rows.append({"T": t, "B x H x d": f"{B} x {H} x {d}",
+                     "triton ms": ours * 1e3, "sdpa ms": ref * 1e3,
+                     "triton TFLOP/s": flops / ours / 1e12,
+                     "sdpa TFLOP/s": flops / ref / 1e12, "triton / sdpa time": ours / ref})
+    report.line(f"causal forward, {str(dtype).removeprefix('torch.')}, median of {repeat}:")
+    report.line("")
+    report.table(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cpu-smoke", action="store_true",
+                        help="run every step at tiny sizes on the CPU (for tests)")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    if args.cpu_smoke:
+        device = torch.device("cpu")
+        sizes = {"steps": 30, "d_model": 64, "n_layers": 1, "batch": 8, "block": 32}
+        lengths, repeat = [32], 1
+    elif torch.cuda.is_available():
+        device = torch.device("cuda")
+        sizes = {"steps": 1500, "d_model": 384, "n_layers": 6, "batch": 64,
+                 "block": 256}
+        lengths, repeat = [1024, 2048, 4096, 8192, 16384], 20
+    else:
+        print("gpu-check: no CUDA GPU on this machine; nothing to check. Run `make "
+              "gpu-check` on a machine with an NVIDIA GPU (the chapters themselves use "
+              "one in Colab through get_device()).")
+        return 0
+    if args.cpu_smoke and importlib.util.find_spec("triton") is not None:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+    report = Report()
+    start = time.perf_counter()
+    name = torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor()
+    report.lines += ["# GPU check results", "", (
+        f"Written by `tools/gpu_check.py` (`make gpu-check`) on "
+        f"{time.strftime('%Y-%m-%d')}: {name or device}, torch {torch.__version__}, "
+        f"CUDA {torch.version.cuda}, Python {platform.python_version()}.")]
+    if importlib.util.find_spec("triton") is not None:
+        import triton
+
+        report.lines[-1] += f" Triton {triton.__version__}."
+    steps = [
+        lambda: check_device(report, device),
+        lambda: check_training(report, device, **sizes),
+        lambda: check_triton(report, device, lengths=lengths, repeat=repeat),
+    ]
+    for step in steps:
+        try:
+            step()
+        except Exception as err:  # noqa: BLE001 (report and go on with the next step)
+            report.check(False, f"raised {type(err).__name__}: {err}")
+    total = time.perf_counter() - start
+    report.section("Summary")
+    report.line(f"{len(report.failures)} failed check(s); total {total:.0f} s.")
+    for failure in report.failures:
+        report.line(f"- {failure}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(report.lines).lstrip() + "\n")
+    print(f"gpu-check: wrote {args.out}")
+    return 1 if report.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
