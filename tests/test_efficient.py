@@ -103,6 +103,16 @@ def test_tiled_fully_masked_rows_are_zero_p1():
         assert max_err(out[0], ref[0]) < (1e-5 if dtype == torch.float32 else 2e-2)
 
 
+def test_tiled_first_tile_masked_with_very_negative_scores():
+    q = torch.ones(1, 1, 3, 4)
+    k = -100.0 * torch.ones(1, 1, 9, 4)  # every score: -400 / sqrt(4) = -200
+    v = torch.randn(1, 1, 9, 2)
+    mask = torch.arange(9)[None, :] >= 4  # the first tile (keys 0..3) is hidden
+    out, _ = tiled_attention(q, k, v, mask, block_q=3, block_k=4)
+    ref = naive(q, k, v, mask)
+    assert max_err(out, ref) < 1e-6 and ref.abs().max() > 0.1
+
+
 def test_tiled_gradients_equal_naive():
     q, k, v = (x.requires_grad_() for x in qkv(b=1, h=2, t=37, d=16))
     mask = causal_mask(37)

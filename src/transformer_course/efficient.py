@@ -141,12 +141,13 @@ def tiled_attention(
             if keep is not None:
                 scores = scores.masked_fill(~keep, float("-inf"))
             # The output does not depend on the shift m (it cancels between numerator
-            # and denominator), so m is computed without gradient.
+            # and denominator), so m is computed without gradient. Rows that have
+            # seen no visible key yet keep m = -inf and are shifted by 0 instead.
             with torch.no_grad():
                 m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))
-                m_new = torch.where(m_new.isfinite(), m_new, torch.zeros_like(m_new))
-            p = torch.exp(scores - m_new)  # (..., bq, bk); masked: exp(-inf) = 0
-            alpha = torch.exp(m - m_new)  # rescales what was accumulated so far
+                shift = torch.where(m_new.isfinite(), m_new, torch.zeros_like(m_new))
+            p = torch.exp(scores - shift)  # (..., bq, bk); masked: exp(-inf) = 0
+            alpha = torch.exp(m - shift)  # rescales what was accumulated so far
             l = alpha * l + p.sum(dim=-1, keepdim=True)
             acc = alpha * acc + p @ v[..., k0:k1, :].to(work)  # (..., bq, d_v)
             m = m_new
