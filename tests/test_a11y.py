@@ -44,7 +44,7 @@ def describe(violations: list[dict]) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize("name", PAGES, ids=short)
+@pytest.mark.parametrize("name", [*PAGES, "search", "genindex"], ids=short)
 def test_no_serious_or_critical_axe_violation(browser, server, name):  # noqa: F811
     visit = Visit(browser, f"{server}/{name}.html")
     violations = axe_violations(visit.page)

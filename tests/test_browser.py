@@ -222,7 +222,7 @@ def math_problems(page, timeout: int = 30_000) -> list[str]:
 
 # -- the site ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", PAGES, ids=short)
+@pytest.mark.parametrize("name", [*PAGES, "search", "genindex"], ids=short)
 def test_page_loads_cleanly_and_stays_on_this_host(browser, server, name):
     visit = Visit(browser, f"{server}/{name}.html")
     if name in CHAPTERS:
