@@ -303,6 +303,14 @@ def test_check_sinusoidal_encoding(fn, message):
         checks.check_sinusoidal_encoding(fn)
 
 
+def test_check_sinusoidal_encoding_stub_is_not_attempted(capsys):
+    def stub(max_len, d_model):
+        raise NotImplementedError("your code here")
+
+    assert checks.check_sinusoidal_encoding(stub) is False  # NotImplementedError is a
+    assert "not attempted yet" in capsys.readouterr().out  # RuntimeError: not a crash
+
+
 @param("fn, message", [
     (lambda x, p: apply_rotary(x, p, layout="interleaved"), "interleaved"),
     (lambda x, p: apply_rotary(x, -p), "backwards"),
