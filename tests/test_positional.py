@@ -340,3 +340,16 @@ def test_check_new_token_positions(fn, message, capsys):
 
     assert checks.check_new_token_positions(stub) is False
     assert "not attempted yet" in capsys.readouterr().out
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.lists(st.lists(st.booleans(), min_size=6, max_size=6), min_size=1,
+                     max_size=4), n_new=st.integers(1, 6))
+def test_position_ids_count_real_tokens(rows, n_new):
+    keep = torch.tensor(rows)
+    pos = position_ids(6, keep=keep)  # (B, S)
+    for b in range(keep.shape[0]):
+        real = pos[b][keep[b]]
+        assert real.tolist() == list(range(int(keep[b].sum())))  # 0, 1, 2, ... in order
+    tail = position_ids(n_new, offset=6 - n_new, keep=keep)
+    assert torch.equal(tail, pos[:, 6 - n_new:])  # the cached call agrees
