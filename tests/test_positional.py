@@ -353,3 +353,26 @@ def test_position_ids_count_real_tokens(rows, n_new):
         assert real.tolist() == list(range(int(keep[b].sum())))  # 0, 1, 2, ... in order
     tail = position_ids(n_new, offset=6 - n_new, keep=keep)
     assert torch.equal(tail, pos[:, 6 - n_new:])  # the cached call agrees
+
+
+def test_attention_without_positions_is_permutation_equivariant():
+    from transformer_course.attention import MultiHeadAttention
+
+    mha = MultiHeadAttention(16, 4).eval()
+    x = torch.randn(2, 6, 16)
+    perm = torch.tensor([3, 0, 5, 1, 4, 2])
+    with torch.no_grad():
+        out = mha(x, x, x)[0]
+        torch.testing.assert_close(mha(x[:, perm], x[:, perm], x[:, perm])[0], out[:, perm])
+        pe = SinusoidalPositionalEncoding(16, 8)  # with positions, order matters
+        xp, xq = pe(x), pe(x[:, perm])
+        assert not torch.allclose(mha(xq, xq, xq)[0], mha(xp, xp, xp)[0][:, perm], atol=1e-3)
+
+
+@param("k", [0, 1, 5, 40])
+def test_sinusoidal_dot_product_depends_only_on_distance(k):
+    pe = sinusoidal_encoding(128, 32, dtype=torch.float64)
+    dots = (pe[: 128 - k] * pe[k:]).sum(-1)  # PE(p) . PE(p + k) for every p
+    omega = 10000.0 ** (-torch.arange(0, 32, 2, dtype=torch.float64) / 32)
+    torch.testing.assert_close(dots, torch.cos(k * omega).sum().expand_as(dots))
+    assert not torch.allclose(dots, torch.cos((k + 1) * omega).sum().expand_as(dots))
