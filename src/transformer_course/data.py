@@ -90,7 +90,8 @@ class HFTokenizer:
     Build one with ``HFTokenizer.train_bpe(texts, vocab_size)`` (byte-pair encoding on
     characters, Sennrich et al. 2016) or ``HFTokenizer.train_words(texts)`` (one id per
     word or punctuation mark). Both split on whitespace first and mark a word that
-    follows a space with "▁" so that ``decode`` restores the spaces.
+    follows a space with "▁" so that ``decode`` restores the spaces; the word-level
+    one marks the first word too, so "nineteen" is one token wherever it stands.
 
     Raises (``encode``): ValueError naming the piece of text that maps to ``<unk>``.
     """
@@ -128,11 +129,11 @@ class HFTokenizer:
         tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [
-                pre_tokenizers.Metaspace(prepend_scheme="never"),
+                pre_tokenizers.Metaspace(prepend_scheme="always"),
                 pre_tokenizers.Punctuation(),
             ]
         )
-        tok.decoder = decoders.Metaspace(prepend_scheme="never")
+        tok.decoder = decoders.Metaspace(prepend_scheme="always")
         trainer = trainers.WordLevelTrainer(
             special_tokens=list(SPECIAL_TOKENS), show_progress=False
         )
