@@ -177,3 +177,14 @@ def test_sample_temperature_zero_and_top_k_one_are_greedy():
     assert not torch.equal(hot, greedy)  # sampling really samples
     with pytest.raises(ValueError, match="top_p"):
         sample(lm, prompt, 2, top_p=1.5)
+
+
+def test_cache_cannot_grow_past_max_len():
+    cfg = TransformerConfig(
+        tgt_vocab_size=12, d_model=32, n_heads=4, d_ff=64, dropout=0.0, max_len=6
+    )
+    lm = DecoderOnlyLM(cfg).eval()
+    caches = new_caches(lm)
+    lm(torch.randint(3, 12, (1, 6)), caches=caches)  # exactly max_len: fine
+    with pytest.raises(ValueError, match="after 6 cached tokens"):
+        lm(torch.tensor([[4]]), caches=caches)

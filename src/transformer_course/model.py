@@ -70,13 +70,14 @@ class TransformerConfig:
         return self.n_layers if self.n_decoder_layers is None else self.n_decoder_layers
 
 
-def check_tokens(name: str, ids, vocab_size: int, max_len: int) -> None:
+def check_tokens(name: str, ids, vocab_size: int, max_len: int, past: int = 0) -> None:
     """Validate a (B, L) batch of token ids.
 
     Raises:
         TypeError: not an integer tensor.
-        ValueError: not 2-D, empty (L = 0), longer than ``max_len``, or an id outside
-            [0, vocab_size) (an unknown token); the message names ``name``.
+        ValueError: not 2-D, empty (L = 0), longer than ``max_len`` (counting ``past``
+            tokens already in a KV cache), or an id outside [0, vocab_size) (an
+            unknown token); the message names ``name``.
     """
     if (
         not isinstance(ids, Tensor)
@@ -89,9 +90,10 @@ def check_tokens(name: str, ids, vocab_size: int, max_len: int) -> None:
         raise ValueError(
             f"{name}: expected token ids of shape (B, L) with L >= 1, got {tuple(ids.shape)}"
         )
-    if ids.shape[1] > max_len:
+    if past + ids.shape[1] > max_len:
+        cached = f" after {past} cached tokens" if past else ""
         raise ValueError(
-            f"{name}: expected at most max_len = {max_len} tokens, got shape "
+            f"{name}: expected at most max_len = {max_len} tokens{cached}, got shape "
             f"{tuple(ids.shape)}"
         )
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
@@ -364,7 +366,7 @@ class Decoder(nn.Module):
 
     def forward(self, tgt, memory, src_mask, *, caches=None) -> Tensor:
         past = _past_length(caches, len(self.layers))
-        check_tokens("tgt", tgt, self.cfg.tgt_vocab_size, self.cfg.max_len - past)
+        check_tokens("tgt", tgt, self.cfg.tgt_vocab_size, self.cfg.max_len, past)
         T = tgt.shape[1]
         tgt_mask = causal_mask(T, past + T, device=tgt.device)  # (T, past + T)
         if past == 0:  # hide padded target keys too (teacher forcing on a batch)
@@ -461,7 +463,7 @@ class DecoderOnlyLM(nn.Module):
 
     def forward(self, ids: Tensor, *, caches=None) -> Tensor:
         past = _past_length(caches, len(self.layers))
-        check_tokens("ids", ids, self.cfg.tgt_vocab_size, self.cfg.max_len - past)
+        check_tokens("ids", ids, self.cfg.tgt_vocab_size, self.cfg.max_len, past)
         T = ids.shape[1]
         mask = causal_mask(T, past + T, device=ids.device)  # (T, past + T)
         x = self.embed(ids, past)  # (B, T, D)
