@@ -24,6 +24,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from transformer_course.data import PAD_ID
+from transformer_course.viz.interactive import static_mode
 
 Tensor = torch.Tensor
 
@@ -115,7 +116,9 @@ def fit(
         max_seconds: also stop when this wall-clock budget is spent.
         eval_fn / eval_every: call ``eval_fn()`` every ``eval_every`` steps (and at the
             end) and record ``(step, value)`` in ``History.evals``.
-        progress: show a tqdm bar with the running loss.
+        progress: show a tqdm bar with the running loss (a widget in Jupyter). In the
+            book build (``static_mode()``) the bar is off: a live widget cannot be
+            shown on the static site, and the cell prints its own summary.
 
     Returns:
         A ``History``. Training stops early, with ``diverged=True``, when the loss
@@ -130,7 +133,12 @@ def fit(
         raise ValueError(f"clip_norm: expected > 0 or None, got {clip_norm}")
     hist = History()
     start = time.perf_counter()
-    bar = tqdm(total=max_steps, desc=desc, disable=not progress, mininterval=1.0)
+    bar = tqdm(
+        total=max_steps,
+        desc=desc,
+        disable=not progress or static_mode(),
+        mininterval=1.0,
+    )
     model.train()
     while hist.steps < max_steps and not hist.diverged:
         for batch in batches():
