@@ -337,3 +337,22 @@ def test_bad_input_gives_clear_errors():
         GroupedQueryAttention(32, 4, n_kv_heads=3)
     with pytest.raises(ValueError, match="scores"):
         online_softmax(torch.zeros(2, 3))
+
+
+def test_language_model_with_gqa_layers_cached_equals_uncached():
+    from transformer_course.decoding import new_caches
+    from transformer_course.model import DecoderOnlyLM, TransformerConfig
+
+    cfg = TransformerConfig(tgt_vocab_size=20, d_model=32, n_heads=4, d_ff=64,
+                            n_layers=2, dropout=0.0, max_len=16)
+    lm = DecoderOnlyLM(cfg).eval()
+    for layer in lm.layers:
+        layer.self_attn = GroupedQueryAttention(32, 4, n_kv_heads=2)
+    ids = torch.randint(4, 20, (2, 10))
+    with torch.no_grad():
+        full = lm(ids)  # (B, T, V)
+        caches = new_caches(lm)
+        steps = [lm(ids[:, :4], caches=caches)]
+        steps += [lm(ids[:, t : t + 1], caches=caches) for t in range(4, 10)]
+    assert caches[0].k.shape == (2, 2, 10, 8)  # the cache holds H_kv = 2 heads
+    assert max_err(torch.cat(steps, dim=1), full) < 1e-5
