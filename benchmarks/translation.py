@@ -190,6 +190,11 @@ def main() -> None:
             f"{results['machine']['torch_threads']} torch threads, torch {torch.__version__}."
         ),
         "",
+        (
+            "Process CPU seconds count this process only; wall-clock seconds also include "
+            "waiting for other load on a shared machine."
+        ),
+        "",
         "| quantity | value |",
         "|---|---|",
         f"| training steps (batch {t['batch']}) | {t['steps']} |",
