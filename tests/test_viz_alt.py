@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 from matplotlib.animation import FuncAnimation
+from matplotlib.figure import Figure
 
 from transformer_course.viz import (
     alt_text,
@@ -94,5 +95,12 @@ def test_book_build_shows_figures_as_img_with_alt(monkeypatch):
         data, _ = shell.display_formatter.format(fig)
         assert data["text/html"].startswith("<img src=\"data:image/png;base64,")
         assert 'alt="A described figure"' in data["text/html"]
+        # the inline backend drops every Figure formatter when it starts; the next cell
+        # (pre_execute) and the figure display after a cell (post_execute) restore it
+        for formatter in shell.display_formatter.formatters.values():
+            formatter.pop(Figure, None)
+        assert "text/html" not in shell.display_formatter.format(fig)[0]
+        shell.events.trigger("post_execute")
+        assert "text/html" in shell.display_formatter.format(fig)[0]
     finally:
         InteractiveShell.clear_instance()

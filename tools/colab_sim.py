@@ -51,6 +51,7 @@ PACKAGE = "transformer_course"
 # What Colab preinstalls that the course uses, plus the kernel itself.
 PREINSTALLED = ["torch", "numpy", "matplotlib", "seaborn", "ipywidgets", "ipykernel"]
 KERNEL = "colab-sim"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colours in IPython tracebacks
 
 
 def cache_root() -> Path:
@@ -214,7 +215,7 @@ def run_notebook(notebook: Path, venv: Path, repo_snapshot: Path, *,
             client.execute(env=kernel_env(venv, home, repo_snapshot))
             return Result(notebook.name, True, time.perf_counter() - start)
         except CellExecutionError as err:
-            text = str(err)
+            text = _ANSI.sub("", str(err))
             return Result(notebook.name, False, time.perf_counter() - start,
                           text[-3000:])
         except Exception as err:  # noqa: BLE001 (timeouts, dead kernel: report them)

@@ -229,5 +229,17 @@ def register_alt_text_display() -> bool:
     ip = get_ipython()
     if ip is None:
         return False
-    ip.display_formatter.formatters["text/html"].for_type(Figure, _static_figure_html)
+
+    def register():
+        ip.display_formatter.formatters["text/html"].for_type(Figure, _static_figure_html)
+
+    # The inline backend removes every Figure formatter when it starts, which matplotlib
+    # does lazily at the first figure. So register again before each cell, and after each
+    # cell before the inline backend shows the cell's figures (its own post_execute
+    # hook is added when it starts, after this one).
+    register()
+    if not getattr(ip, "_transformer_course_alt_text", False):
+        ip.events.register("pre_execute", register)
+        ip.events.register("post_execute", register)
+        ip._transformer_course_alt_text = True
     return True
