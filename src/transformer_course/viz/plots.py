@@ -234,9 +234,10 @@ def register_alt_text_display() -> bool:
         ip.display_formatter.formatters["text/html"].for_type(Figure, _static_figure_html)
 
     # The inline backend removes every Figure formatter when it starts, which matplotlib
-    # does lazily at the first figure. So register again before each cell, and after each
-    # cell before the inline backend shows the cell's figures (its own post_execute
-    # hook is added when it starts, after this one).
+    # does lazily at the first figure: start it now (importing it is what starts it), and
+    # register again before and after each cell in case it restarts.
+    if "matplotlib_inline" in os.environ.get("MPLBACKEND", ""):  # set by ipykernel
+        import matplotlib_inline.backend_inline  # noqa: F401
     register()
     if not getattr(ip, "_transformer_course_alt_text", False):
         ip.events.register("pre_execute", register)
