@@ -36,7 +36,7 @@ notebooks: $(STAMP)
 	$(PY) tools/sync_notebooks.py
 
 test-lib: $(STAMP)
-	$(PY) -m pytest -m "not site and not browser"
+	$(PY) -m pytest -m "not site and not browser and not colab"
 
 test: book
 	$(PY) -m pytest
