@@ -26,9 +26,9 @@ def solutions() -> dict[str, object]:
     """Exec every ```python block inside a {solution} of chapter 1."""
     namespace = {"torch": torch, "math": math}
     text = CHAPTER.read_text()
-    for block in re.findall(r"````\{solution\}.*?````", text, re.S):
-        for code in re.findall(r"```python\n(.*?)```", block, re.S):
-            exec(code, namespace)
+    for block in re.findall(r"````\{solution\}.*?````", text, re.DOTALL):
+        for code in re.findall(r"```python\n(.*?)```", block, re.DOTALL):
+            exec(code, namespace)  # noqa: S102 (the chapter's own solution code)
     return namespace
 
 

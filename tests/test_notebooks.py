@@ -55,7 +55,7 @@ def test_notebook_is_colab_ready(chapter):
     compile(first.source, "install-cell", "exec")
     for cell in nb.cells:
         if cell.cell_type == "markdown":
-            assert not re.search(r"^(```|:::)\{", cell.source, re.M), cell.source[:200]
+            assert not re.search(r"^(```|:::)\{", cell.source, re.MULTILINE), cell.source[:200]
             assert "{cite}" not in cell.source and "{solution}" not in cell.source
         assert not cell.get("outputs"), "notebooks are committed without outputs"
 

@@ -52,7 +52,7 @@ if importlib.util.find_spec("transformer_course") is None:
 _FENCE = re.compile(
     r"^(?P<fence>`{3,}|:{3,})\{(?P<name>[\w-]+)\}[ \t]*(?P<arg>[^\n]*)\n"
     r"(?P<body>.*?)^(?P=fence)[ \t]*$",
-    re.M | re.S,
+    re.MULTILINE | re.DOTALL,
 )
 _ADMONITIONS = {"note", "tip", "important", "warning", "caution", "attention", "hint",
                 "admonition", "seealso", "danger", "error"}
@@ -103,7 +103,7 @@ def _role(match: re.Match) -> str:
 def to_plain_markdown(text: str) -> str:
     text = _FENCE.sub(_directive, text)
     text = _ROLE.sub(_role, text)
-    return re.sub(r"^\([\w:-]+\)=\s*\n", "", text, flags=re.M)  # MyST targets
+    return re.sub(r"^\([\w:-]+\)=\s*\n", "", text, flags=re.MULTILINE)  # MyST targets
 
 
 def convert(md_path: Path, url: str, branch: str) -> nbformat.NotebookNode:
