@@ -74,6 +74,11 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
         )
 
 
+def _check_dropout_p(dropout_p: float) -> None:
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p: expected a probability in [0, 1), got {dropout_p}")
+
+
 def check_mask(mask, scores_shape: tuple[int, ...]) -> None:
     """Validate a bool mask against the shape of the scores (..., T, S) it will hide.
 
@@ -165,8 +170,7 @@ def scaled_dot_product_attention(
     Source: Vaswani et al. 2017, section 3.2.1, equation (1).
     """
     check_qkv(q, k, v)
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p: expected a probability in [0, 1), got {dropout_p}")
+    _check_dropout_p(dropout_p)
     d_k = q.shape[-1]
     scale = 1.0 / math.sqrt(d_k) if scale is None else scale
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., T, S)
@@ -195,8 +199,7 @@ def sdpa_attention(
     their output zeroed after, so no NaN reaches the gradients either (pitfall P1).
     """
     check_qkv(q, k, v)
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p: expected a probability in [0, 1), got {dropout_p}")
+    _check_dropout_p(dropout_p)
     has_key = None
     if mask is not None:
         check_mask(mask, (*q.shape[:-1], k.shape[-2]))
