@@ -19,8 +19,45 @@ HTML = ROOT / "_build" / "html"
 
 
 @pytest.fixture(autouse=True)
-def _seed():
+def seed():
+    """Every test starts from the same random state."""
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def tiny_config():
+    """A factory of tiny ``TransformerConfig``s (d_model 32, 4 heads, no dropout) that
+    run in milliseconds; keyword arguments override the defaults."""
+    from transformer_course.model import TransformerConfig
+
+    def make(**overrides) -> TransformerConfig:
+        base = {"src_vocab_size": 20, "tgt_vocab_size": 12, "d_model": 32,
+                "n_heads": 4, "d_ff": 64, "dropout": 0.0, "max_len": 16}
+        return TransformerConfig(**{**base, **overrides})
+
+    return make
+
+
+class ListCache:
+    """The smallest KV cache: ``update`` appends along the length axis."""
+
+    def __init__(self):
+        self.k = self.v = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def update(self, k, v):
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+
+@pytest.fixture
+def list_cache():
+    """The ``ListCache`` class: call it for a fresh, empty cache."""
+    return ListCache
 
 
 @pytest.fixture(scope="session")

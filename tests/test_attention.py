@@ -16,7 +16,8 @@ from transformer_course import (
     padding_mask,
     scaled_dot_product_attention,
 )
-from transformer_course.attention import additive_attention, masked_softmax
+from transformer_course.additive import additive_attention
+from transformer_course.attention import masked_softmax
 
 param = pytest.mark.parametrize
 B, H, T, S, D = 2, 3, 5, 7, 8

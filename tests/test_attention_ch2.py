@@ -21,11 +21,6 @@ from transformer_course.checks import (
 param = pytest.mark.parametrize
 
 
-@pytest.fixture(autouse=True)
-def seed():
-    torch.manual_seed(0)
-
-
 # ------------------------------------------------------------------------------ the idea
 
 

@@ -13,7 +13,9 @@ from transformer_course.checks import (
     check_repeat_kv,
     check_streaming_attention,
 )
-from transformer_course.efficient import online_softmax, quantize_int8, repeat_kv
+from transformer_course.attention import repeat_kv
+from transformer_course.flash import online_softmax
+from transformer_course.quantize import quantize_int8
 
 
 def stub(*args):

@@ -8,10 +8,10 @@ from transformer_course.decoding import (
     KVCache,
     beam_search,
     filter_logits,
+    generate,
     greedy_decode,
     length_penalty_gnmt,
     new_caches,
-    sample,
 )
 from transformer_course.model import DecoderOnlyLM, TransformerConfig, make_model
 
@@ -20,14 +20,8 @@ param = pytest.mark.parametrize
 
 def _model(norm_first=True):
     cfg = TransformerConfig(
-        src_vocab_size=20,
-        tgt_vocab_size=12,
-        d_model=32,
-        n_heads=4,
-        d_ff=64,
-        dropout=0.0,
-        max_len=16,
-        norm_first=norm_first,
+        src_vocab_size=20, tgt_vocab_size=12, d_model=32, n_heads=4, d_ff=64,
+        dropout=0.0, max_len=16, norm_first=norm_first,
     )
     torch.manual_seed(0)
     model = make_model(cfg).eval()
@@ -76,11 +70,8 @@ def test_cached_logits_equal_uncached(norm_first):
     assert (wrong - full)[:, 1:].abs().max() > 1e-3
 
 
-def test_lm_cached_logits_equal_uncached():
-    cfg = TransformerConfig(
-        tgt_vocab_size=12, d_model=32, n_heads=4, d_ff=64, dropout=0.0, max_len=16
-    )
-    lm = DecoderOnlyLM(cfg).eval()
+def test_lm_cached_logits_equal_uncached(tiny_config):
+    lm = DecoderOnlyLM(tiny_config()).eval()
     ids = torch.randint(3, 12, (2, 8))
     caches = new_caches(lm)
     prompt = lm(ids[:, :4], caches=caches)  # a 4-token prompt, then one at a time
@@ -161,29 +152,27 @@ def test_filter_logits_top_k_and_top_p():
     assert filter_logits(logits, top_p=0.1).isfinite().sum() == 1  # best token survives
 
 
-def test_sample_temperature_zero_and_top_k_one_are_greedy():
-    cfg = TransformerConfig(
-        tgt_vocab_size=12, d_model=32, n_heads=4, d_ff=64, dropout=0.0, max_len=16
-    )
-    lm = DecoderOnlyLM(cfg).eval()
+def test_generate_temperature_zero_and_top_k_one_are_greedy(tiny_config):
+    lm = DecoderOnlyLM(tiny_config()).eval()
     prompt = torch.tensor([[4, 5, 6]])
-    greedy = sample(lm, prompt, 5, temperature=0)
+    greedy = generate(lm, prompt, 5)  # temperature 0 by default
     assert greedy.shape == (1, 8)
     g = torch.Generator().manual_seed(0)
-    assert torch.equal(sample(lm, prompt, 5, top_k=1, generator=g), greedy)
-    hot = sample(
+    assert torch.equal(
+        generate(lm, prompt, 5, temperature=1.0, top_k=1, generator=g), greedy
+    )
+    hot = generate(
         lm, prompt, 5, temperature=5.0, generator=torch.Generator().manual_seed(1)
     )
     assert not torch.equal(hot, greedy)  # sampling really samples
     with pytest.raises(ValueError, match="top_p"):
-        sample(lm, prompt, 2, top_p=1.5)
+        generate(lm, prompt, 2, top_p=1.5)
+    with pytest.raises(ValueError, match="temperature"):
+        generate(lm, prompt, 2, temperature=-1.0)
 
 
-def test_cache_cannot_grow_past_max_len():
-    cfg = TransformerConfig(
-        tgt_vocab_size=12, d_model=32, n_heads=4, d_ff=64, dropout=0.0, max_len=6
-    )
-    lm = DecoderOnlyLM(cfg).eval()
+def test_cache_cannot_grow_past_max_len(tiny_config):
+    lm = DecoderOnlyLM(tiny_config(max_len=6)).eval()
     caches = new_caches(lm)
     lm(torch.randint(3, 12, (1, 6)), caches=caches)  # exactly max_len: fine
     with pytest.raises(ValueError, match="after 6 cached tokens"):

@@ -8,27 +8,16 @@ import torch.nn.functional as F
 from transformer_course.attention import (
     ATTENTION_BACKENDS,
     MultiHeadAttention,
+    repeat_kv,
     scaled_dot_product_attention,
 )
-from transformer_course.efficient import (
-    GroupedQueryAttention,
-    dequantize_int8,
-    kv_cache_bytes_per_token,
-    online_softmax,
-    peak_tensor_bytes,
-    quantize_int8,
-    repeat_kv,
-    sliding_window_attention,
-    tiled_attention,
-)
+from transformer_course.flash import online_softmax, tiled_attention
+from transformer_course.local import sliding_window_attention
+from transformer_course.measure import kv_cache_bytes_per_token, peak_tensor_bytes
+from transformer_course.quantize import dequantize_int8, quantize_int8
 from transformer_course.masks import causal_mask, padding_mask, sliding_window_mask
 
 param = pytest.mark.parametrize
-
-
-@pytest.fixture(autouse=True)
-def seed():
-    torch.manual_seed(0)
 
 
 def qkv(b=2, h=2, t=130, s=None, d=64, dtype=torch.float32):
@@ -219,13 +208,13 @@ def test_repeat_kv():
 
 def test_gqa_with_n_kv_heads_equal_n_heads_is_multihead():
     mha = MultiHeadAttention(32, 4).eval()
-    gqa = GroupedQueryAttention(32, 4, n_kv_heads=4).eval()
+    gqa = MultiHeadAttention(32, 4, n_kv_heads=4).eval()
     gqa.load_state_dict(mha.state_dict())
     x = torch.randn(2, 7, 32)
     mask = causal_mask(7)
     (out, w), (ref, w_ref) = gqa(x, x, x, mask), mha(x, x, x, mask)
     assert max_err(out, ref) < 1e-6 and max_err(w, w_ref) < 1e-6
-    other = GroupedQueryAttention(32, 4, n_kv_heads=4).eval()
+    other = MultiHeadAttention(32, 4, n_kv_heads=4).eval()
     assert max_err(other(x, x, x, mask)[0], ref) > 1e-3
 
 
@@ -233,7 +222,7 @@ def test_gqa_with_n_kv_heads_equal_n_heads_is_multihead():
 @param("backend", ["naive", "sdpa", "tiled"])
 def test_gqa_matches_pytorch_enable_gqa(n_kv_heads, backend):
     d_model, n_heads, d_k = 32, 4, 8
-    gqa = GroupedQueryAttention(d_model, n_heads, n_kv_heads, backend=backend).eval()
+    gqa = MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv_heads, backend=backend).eval()
     assert gqa.k_proj.weight.shape == (n_kv_heads * d_k, d_model)
     x = torch.randn(2, 9, d_model)
     out, _ = gqa(x, x, x, causal_mask(9))
@@ -245,24 +234,12 @@ def test_gqa_matches_pytorch_enable_gqa(n_kv_heads, backend):
     assert max_err(out, ref) < 1e-5
 
 
-class ListCache:
-    """The smallest KV cache: ``update`` appends along the length axis."""
-
-    def __init__(self):
-        self.k = self.v = None
-
-    def update(self, k, v):
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
-        return self.k, self.v
-
-
 @param("n_kv_heads", [1, 2])
-def test_gqa_cache_stores_kv_heads_and_matches_full(n_kv_heads):
-    gqa = GroupedQueryAttention(32, 4, n_kv_heads).eval()
+def test_gqa_cache_stores_kv_heads_and_matches_full(n_kv_heads, list_cache):
+    gqa = MultiHeadAttention(32, 4, n_kv_heads=n_kv_heads).eval()
     x = torch.randn(1, 6, 32)
     full, _ = gqa(x, x, x, causal_mask(6))
-    cache, steps = ListCache(), []
+    cache, steps = list_cache(), []
     for t in range(6):
         step = x[:, t : t + 1]
         out, _ = gqa(step, step, step, causal_mask(1, t + 1), cache=cache)
@@ -334,20 +311,18 @@ def test_bad_input_gives_clear_errors():
     with pytest.raises(ValueError, match=r"S >= T"):
         sliding_window_attention(q, k[..., :4, :], v[..., :4, :], 3)
     with pytest.raises(ValueError, match="n_kv_heads: expected a divisor of n_heads"):
-        GroupedQueryAttention(32, 4, n_kv_heads=3)
+        MultiHeadAttention(32, 4, n_kv_heads=3)
     with pytest.raises(ValueError, match="scores"):
         online_softmax(torch.zeros(2, 3))
 
 
-def test_language_model_with_gqa_layers_cached_equals_uncached():
+def test_language_model_with_gqa_layers_cached_equals_uncached(tiny_config):
     from transformer_course.decoding import new_caches
-    from transformer_course.model import DecoderOnlyLM, TransformerConfig
+    from transformer_course.model import DecoderOnlyLM
 
-    cfg = TransformerConfig(tgt_vocab_size=20, d_model=32, n_heads=4, d_ff=64,
-                            n_layers=2, dropout=0.0, max_len=16)
-    lm = DecoderOnlyLM(cfg).eval()
+    lm = DecoderOnlyLM(tiny_config(tgt_vocab_size=20)).eval()
     for layer in lm.layers:
-        layer.self_attn = GroupedQueryAttention(32, 4, n_kv_heads=2)
+        layer.self_attn = MultiHeadAttention(32, 4, n_kv_heads=2)
     ids = torch.randint(4, 20, (2, 10))
     with torch.no_grad():
         full = lm(ids)  # (B, T, V)

@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-import transformer_course.efficient  # noqa: F401  (registers the "tiled" backend)
 from transformer_course import checks
 from transformer_course.attention import (
     ATTENTION_BACKENDS,

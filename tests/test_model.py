@@ -4,15 +4,10 @@ import pytest
 import torch
 from torch import nn
 
+from transformer_course.interop import load_torch_layer
+from transformer_course.layers import FeedForward, TransformerLayer
 from transformer_course.masks import causal_mask, from_key_padding_mask
-from transformer_course.model import (
-    DecoderLayer,
-    DecoderOnlyLM,
-    EncoderLayer,
-    FeedForward,
-    TransformerConfig,
-    make_model,
-)
+from transformer_course.model import DecoderOnlyLM, TransformerConfig, make_model
 
 param = pytest.mark.parametrize
 D, H, FF = 16, 4, 32
@@ -27,16 +22,15 @@ def test_encoder_layer_equals_pytorch(norm_first):
     ref = nn.TransformerEncoderLayer(
         D, H, FF, dropout=0.0, batch_first=True, norm_first=norm_first
     ).eval()
-    ours = EncoderLayer(D, H, FF, norm_first=norm_first).load_from_torch(ref).eval()
+    ours = load_torch_layer(TransformerLayer(D, H, FF, norm_first=norm_first), ref)
+    ours.eval()
     x = torch.randn(2, 5, D)
     want = ref(x, src_key_padding_mask=_kpm())
     got = ours(x, from_key_padding_mask(_kpm()))
     torch.testing.assert_close(got[0, :3], want[0, :3], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=1e-5)
     # known wrong: the other norm placement with the same weights is far off
-    other = (
-        EncoderLayer(D, H, FF, norm_first=not norm_first).load_from_torch(ref).eval()
-    )
+    other = load_torch_layer(TransformerLayer(D, H, FF, norm_first=not norm_first), ref)
     assert (other(x, from_key_padding_mask(_kpm())) - want)[1].abs().max() > 1e-2
 
 
@@ -45,14 +39,16 @@ def test_decoder_layer_equals_pytorch(norm_first):
     ref = nn.TransformerDecoderLayer(
         D, H, FF, dropout=0.0, batch_first=True, norm_first=norm_first
     ).eval()
-    ours = DecoderLayer(D, H, FF, norm_first=norm_first).load_from_torch(ref).eval()
+    ours = TransformerLayer(D, H, FF, cross_attention=True, norm_first=norm_first)
+    ours = load_torch_layer(ours, ref).eval()
     memory, y = torch.randn(2, 5, D), torch.randn(2, 4, D)
     future = nn.Transformer.generate_square_subsequent_mask(4)  # float, -inf = blocked
     want = ref(y, memory, tgt_mask=future, memory_key_padding_mask=_kpm())
-    got = ours(y, memory, causal_mask(4), from_key_padding_mask(_kpm()))
+    kpm = from_key_padding_mask(_kpm())
+    got = ours(y, causal_mask(4), memory=memory, memory_mask=kpm)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     # known wrong: forgetting the causal mask lets positions see the future
-    leaky = ours(y, memory, None, from_key_padding_mask(_kpm()))
+    leaky = ours(y, None, memory=memory, memory_mask=kpm)
     assert (leaky - want)[:, :-1].abs().max() > 1e-3
 
 
@@ -62,22 +58,9 @@ def test_feed_forward_is_position_wise():
     torch.testing.assert_close(ff(x)[:, 2], ff(x[:, 2]))
 
 
-def _cfg(**kw):
-    base = {
-        "src_vocab_size": 20,
-        "tgt_vocab_size": 15,
-        "d_model": 32,
-        "n_heads": 4,
-        "d_ff": 64,
-        "dropout": 0.0,
-        "max_len": 12,
-    }
-    return TransformerConfig(**{**base, **kw})
-
-
 @param("norm_first", [False, True])
-def test_padding_does_not_change_real_positions(norm_first):
-    model = make_model(_cfg(norm_first=norm_first)).eval()
+def test_padding_does_not_change_real_positions(norm_first, tiny_config):
+    model = make_model(tiny_config(norm_first=norm_first)).eval()
     src = torch.tensor([[5, 6, 7]])
     tgt = torch.tensor([[1, 8, 9]])
     alone = model(src, tgt)
@@ -87,14 +70,14 @@ def test_padding_does_not_change_real_positions(norm_first):
     assert (model(torch.tensor([[5, 6, 7, 4, 4]]), tgt) - alone).abs().max() > 1e-4
 
 
-def test_embeddings_scaled_and_tied():
-    model = make_model(_cfg(tie_embeddings=True))
+def test_embeddings_scaled_and_tied(tiny_config):
+    model = make_model(tiny_config(tie_embeddings=True))
     assert model.decoder.out.weight is model.decoder.embed.tokens.weight
     emb = model.encoder.embed
     assert emb.scale == pytest.approx(32**0.5)
     assert (
-        not make_model(_cfg()).decoder.out.weight
-        is make_model(_cfg()).decoder.embed.tokens.weight
+        not make_model(tiny_config()).decoder.out.weight
+        is make_model(tiny_config()).decoder.embed.tokens.weight
     )
 
 
@@ -108,8 +91,8 @@ def test_embeddings_scaled_and_tied():
         (torch.tensor([5, 6]), ValueError, "(B, L)"),
     ],
 )
-def test_bad_source_gives_clear_error(bad, err, words):
-    model = make_model(_cfg())
+def test_bad_source_gives_clear_error(bad, err, words, tiny_config):
+    model = make_model(tiny_config(max_len=12))
     with pytest.raises(err, match="src") as info:
         model.encode(bad)
     assert words in str(info.value)
@@ -120,8 +103,8 @@ def test_config_rejects_indivisible_heads():
         TransformerConfig(d_model=30, n_heads=4)
 
 
-def test_decoder_only_lm_is_causal():
-    lm = DecoderOnlyLM(_cfg()).eval()
+def test_decoder_only_lm_is_causal(tiny_config):
+    lm = DecoderOnlyLM(tiny_config()).eval()
     ids = torch.tensor([[4, 5, 6, 7, 8]])
     changed = ids.clone()
     changed[0, 3] = 9
@@ -130,8 +113,8 @@ def test_decoder_only_lm_is_causal():
     assert (a[:, 3:] - b[:, 3:]).abs().max() > 1e-4  # the check can see a change
 
 
-def test_cross_and_self_attention_weights_are_kept():
-    model = make_model(_cfg()).eval()
+def test_cross_and_self_attention_weights_are_kept(tiny_config):
+    model = make_model(tiny_config()).eval()
     model(torch.tensor([[5, 6, 7, 0]]), torch.tensor([[1, 8, 9]]))
     layer = model.decoder.layers[0]
     assert layer.cross_attn_weights.shape == (1, 4, 3, 4)

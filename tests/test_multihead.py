@@ -6,20 +6,16 @@ import torch
 from torch import nn
 
 from transformer_course.attention import ATTENTION_BACKENDS, MultiHeadAttention
+from transformer_course.interop import from_torch_mha, load_torch_mha
 from transformer_course.masks import causal_mask, from_key_padding_mask
 
 param = pytest.mark.parametrize
 D, H = 16, 4
 
 
-@pytest.fixture(autouse=True)
-def seed():
-    torch.manual_seed(0)
-
-
 def pair(d_model=D, n_heads=H, bias=True, backend="naive"):
     ref = nn.MultiheadAttention(d_model, n_heads, bias=bias, batch_first=True).eval()
-    ours = MultiHeadAttention.from_torch_mha(ref, backend=backend).eval()
+    ours = from_torch_mha(ref, backend=backend).eval()
     return ours, ref
 
 
@@ -209,21 +205,11 @@ def test_dropout_only_in_training():
 # ------------------------------------------------------------------------------- cache
 
 
-class ListCache:
-    def __init__(self):
-        self.k = self.v = None
-
-    def update(self, k, v):
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
-        return self.k, self.v
-
-
-def test_cache_step_by_step_equals_full_causal():
+def test_cache_step_by_step_equals_full_causal(list_cache):
     mha = MultiHeadAttention(D, H).eval()
     x = torch.randn(2, 6, D)
     full, _ = mha(x, x, x, causal_mask(6))
-    cache, steps = ListCache(), []
+    cache, steps = list_cache(), []
     prompt = x[:, :3]
     steps.append(mha(prompt, prompt, prompt, causal_mask(3), cache=cache)[0])
     for t in range(3, 6):
@@ -267,9 +253,9 @@ def test_bad_forward_inputs_name_the_argument():
     with pytest.raises(ValueError, match=r"mask: expected a shape.*\(2, 4, 5, 5\)"):
         mha(x, x, x, torch.ones(3, 1, 5, 5, dtype=torch.bool))
     with pytest.raises(TypeError, match="mha"):
-        mha.load_from_torch_mha(nn.Linear(D, D))
+        load_torch_mha(mha, nn.Linear(D, D))
     with pytest.raises(ValueError, match="n_heads"):
-        mha.load_from_torch_mha(nn.MultiheadAttention(D, 2))
+        load_torch_mha(mha, nn.MultiheadAttention(D, 2))
 
 
 def test_backends_registry_has_naive_and_sdpa():

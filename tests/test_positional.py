@@ -16,13 +16,12 @@ from transformers.models.llama import modeling_llama as llama
 
 from transformer_course import checks
 from transformer_course.attention import scaled_dot_product_attention
+from transformer_course.alibi import alibi_bias, alibi_slopes
 from transformer_course.masks import causal_mask
 from transformer_course.positional import (
     LearnedPositionalEmbedding,
     RotaryEmbedding,
     SinusoidalPositionalEncoding,
-    alibi_bias,
-    alibi_slopes,
     apply_rotary,
     position_ids,
     relative_shift_matrix,

@@ -6,7 +6,9 @@ import os
 import pytest
 import torch
 
+from transformer_course import head_roles as R
 from transformer_course import pretrained as P
+from transformer_course.interop import load_hf_bert
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -80,7 +82,7 @@ def test_a_wrong_weight_is_detected(hf, batch):
     """Known-wrong input: W^Q and W^K of layer 0 swapped."""
     ids, keep, _ = batch
     model = P.load_minilm_encoder()
-    attn = model.layers[0].attn
+    attn = model.layers[0].self_attn
     with torch.no_grad():
         w_q = attn.q_proj.weight.clone()
         attn.q_proj.weight.copy_(attn.k_proj.weight)
@@ -126,7 +128,7 @@ def test_bad_input(ours):
     with pytest.raises(ValueError, match="sentences"):
         P.tokenize_batch([])
     with pytest.raises(KeyError, match="embeddings.word_embeddings.weight"):
-        P.MiniLMEncoder().load_hf_state_dict({})
+        load_hf_bert(P.MiniLMEncoder(), {})
 
 
 def synthetic_heads(S=5):
@@ -143,7 +145,7 @@ def synthetic_heads(S=5):
 
 def test_role_scores_on_known_heads():
     ids = torch.tensor([101, 1996, 25000, 2000, 102])  # "rare" word at position 2
-    s = P._roles_one(synthetic_heads(), ids)
+    s = R._roles_one(synthetic_heads(), ids)
     assert torch.allclose(s["previous token"][0], torch.tensor([1.0, 0.2, 0.25]))
     assert torch.allclose(s["broad"][0], torch.tensor([0.0, 1.0, 0.0]), atol=1e-6)
     assert torch.allclose(s["[CLS]"][0], torch.tensor([0.4, 0.2, 1.0]))
@@ -156,18 +158,18 @@ def test_rank_heads_finds_the_planted_head():
     w = torch.rand(6, 12, 7, 7) * 0.1
     w[4, 7, 3, 1] = 0.9
     w[2, 0, 3, 1] = 0.5
-    top = P.rank_heads(w, query=3, key=1, k=2)
+    top = R.rank_heads(w, query=3, key=1, k=2)
     assert [(layer, head) for layer, head, _ in top] == [(4, 7), (2, 0)]
     assert abs(top[0][2] - 0.9) < 1e-6
     with pytest.raises(ValueError, match="query"):
-        P.rank_heads(w, query=7, key=1)
+        R.rank_heads(w, query=7, key=1)
     with pytest.raises(ValueError, match="weights"):
-        P.rank_heads(w[0], query=0, key=1)
+        R.rank_heads(w[0], query=0, key=1)
 
 
 def test_real_head_roles(ours):
-    scores = P.head_role_scores(P.EXAMPLE_SENTENCES[:6], ours)
-    assert set(scores) == set(P.HEAD_ROLES)
+    scores = R.head_role_scores(R.EXAMPLE_SENTENCES[:6], ours)
+    assert set(scores) == set(R.HEAD_ROLES)
     for role, s in scores.items():
         assert s.shape == (6, 12), role
         assert (s >= 0).all() and (s <= 1 + 1e-5).all(), role
@@ -178,14 +180,14 @@ def test_real_head_roles(ours):
 
 def test_vocabulary_is_ordered_by_frequency():
     tok = P.load_minilm_tokenizer()
-    assert tok.id_to_token(P.FIRST_WORD_ID) == "the"
-    assert [tok.id_to_token(P.FIRST_WORD_ID + i) for i in range(3)] == ["the", "of", "and"]
+    assert tok.id_to_token(R.FIRST_WORD_ID) == "the"
+    assert [tok.id_to_token(R.FIRST_WORD_ID + i) for i in range(3)] == ["the", "of", "and"]
 
 
 def test_top_it_animal_head_prefers_animal_over_street(ours):
     tokens, w = P.attention_maps(SENTENCES[0], ours)
     it, animal, street = (tokens.index(t) for t in ("it", "animal", "street"))
-    (layer, head, weight), *_ = P.rank_heads(w, it, animal, k=3)
+    (layer, head, weight), *_ = R.rank_heads(w, it, animal, k=3)
     assert weight == pytest.approx(float(w[layer, head, it, animal]))
     assert weight == pytest.approx(float(w[:, :, it, animal].max()))
     assert w[layer, head, it, animal] > 5 * w[layer, head, it, street]

@@ -1,22 +1,27 @@
 """Attention, Illustrated: the shared library behind the course.
 
-Each module holds one concept and is derived in one chapter of the book:
+One concept per module, each derived in a chapter of the book:
 
-- ``device``     picking CPU / CUDA / MPS and seeding (preface)
-- ``masks``      boolean attention masks, True = may attend (chapters 1, 5)
-- ``attention``  scaled dot-product, additive and multi-head attention (chapters 1-3)
-- ``positional`` sinusoidal, learned, rotary and ALiBi positions (chapter 4)
-- ``model``, ``decoding``, ``training``, ``data``  the full Transformer (chapter 6)
-- ``efficient``  tiled (FlashAttention-style), sliding-window, grouped-query (chapter 7)
-- ``pretrained`` the real all-MiniLM-L6-v2 weights in this library's encoder (chapters 1, 3)
-- ``viz``        figures, animations and interactive views used by every chapter
-- ``checks``     self-checks for the exercises
+- ``device``      picking CPU / CUDA / MPS and seeding (preface)
+- ``masks``       boolean attention masks, True = may attend (chapters 1, 5)
+- ``additive``    additive (Bahdanau) attention (chapter 1)
+- ``attention``   scaled dot-product attention, the backend registry and one
+                  ``MultiHeadAttention`` (grouped-query, biases, head gates) (2, 3)
+- ``pretrained``, ``head_roles``  the real all-MiniLM-L6-v2 and what its heads do (1, 3)
+- ``positional``, ``alibi``  sinusoidal, learned, rotary positions; ALiBi (chapter 4)
+- ``layers``      ``FeedForward`` and the one ``TransformerLayer`` every model uses (6)
+- ``model``, ``decoding``, ``training``, ``data``  the full Transformer, a decoder-only
+                  LM and batched generation (chapters 6, 7)
+- ``interop``     weight copies from PyTorch modules and the Hugging Face checkpoint
+- ``flash``, ``local``, ``quantize``, ``measure``, ``triton_kernels``  making attention
+                  fast: tiled attention, sliding windows, int8, timing and memory (7)
+- ``viz``         figures, animations and interactive views used by every chapter
+- ``checks``      self-checks for the exercises
 """
 
-from transformer_course import efficient as _efficient  # noqa: F401 (registers "tiled")
+from transformer_course.additive import additive_attention
 from transformer_course.attention import (
     ATTENTION_BACKENDS,
-    additive_attention,
     scaled_dot_product_attention,
 )
 from transformer_course.device import get_device, set_seed

@@ -1,123 +1,46 @@
-"""Attention functions: scaled dot-product, additive (Bahdanau), and the backend registry.
+"""Attention: scaled dot-product, the backend registry, and multi-head attention.
 
-Derived in chapter 1 (queries, keys and values) and chapter 2 (scaled dot-product
-attention). Shape letters used throughout:
-
-    B batch, H heads, T query length, S key length, d_k query/key size, d_v value size.
+Derived in chapters 2 and 3; biases, grouped-query heads and head gates serve
+chapters 4, 7 and 9. Shape letters: B batch, H query heads, H_kv key/value heads,
+T query length, S key length, D d_model, d_k query/key size, d_v value size.
 
 Masks are bool with True = may attend (see ``masks.py``). A query whose keys are all
 masked gets an all-zero weight row and a zero output, never NaN, in forward and backward.
+Float offsets of the scores (ALiBi, relative positions) go through ``bias``, never
+through the mask (pitfall P4).
 
 Sources:
-    Vaswani et al. 2017, "Attention Is All You Need", section 3.2.1, equation (1).
-    Bahdanau, Cho and Bengio 2014, "Neural Machine Translation by Jointly Learning to
-    Align and Translate", section 3.1 and appendix A.1.1 (additive attention).
+    Vaswani et al. 2017, "Attention Is All You Need", sections 3.2.1 and 3.2.2.
+    Shazeer 2019 (multi-query attention); Ainslie et al. 2023, "GQA", section 2.
+    Michel et al. 2019, "Are Sixteen Heads Really Better than One?", section 2.2.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from transformer_course import _validation
+from transformer_course.flash import tiled_attention
+
+if TYPE_CHECKING:
+    from transformer_course.positional import RotaryEmbedding
+
 Tensor = torch.Tensor
-
-
-# ----------------------------------------------------------------------------- checks
-
-
-def _check_tensor(name: str, x, min_dim: int = 2) -> None:
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    if not x.dtype.is_floating_point:
-        raise TypeError(f"{name}: expected a floating-point tensor, got dtype {x.dtype}")
-    if x.dim() < min_dim:
-        raise ValueError(
-            f"{name}: expected at least {min_dim} dimensions (..., length, features), "
-            f"got shape {tuple(x.shape)}"
-        )
-
-
-def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
-    """Validate query, key and value tensors for attention.
-
-    Raises:
-        TypeError: if one is not a floating-point tensor, or dtypes differ.
-        ValueError: if q and k disagree on d_k, k and v on the number of keys S, or
-            the leading (batch/head) dimensions differ. The message names the
-            argument and both shapes.
-    """
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(name, x)
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(
-            f"q, k, v: expected one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
-        )
-    if k.shape[-1] != q.shape[-1]:
-        raise ValueError(
-            f"k: expected d_k = {q.shape[-1]} to match q (..., T, d_k) = "
-            f"{tuple(q.shape)}, got k shape {tuple(k.shape)}"
-        )
-    if v.shape[-2] != k.shape[-2]:
-        raise ValueError(
-            f"v: expected S = {k.shape[-2]} keys to match k (..., S, d_k) = "
-            f"{tuple(k.shape)}, got v shape {tuple(v.shape)}"
-        )
-    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
-        raise ValueError(
-            "q, k, v: expected the same leading (batch, head) dimensions, got "
-            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
-
-
-def _check_dropout_p(dropout_p: float) -> None:
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p: expected a probability in [0, 1), got {dropout_p}")
-
-
-def check_mask(mask, scores_shape: tuple[int, ...]) -> None:
-    """Validate a bool mask against the shape of the scores (..., T, S) it will hide.
-
-    Raises:
-        TypeError: if the mask is not a bool tensor (float additive masks included,
-            pitfall P4).
-        ValueError: if it does not broadcast to ``scores_shape`` without growing it.
-    """
-    if not isinstance(mask, Tensor):
-        raise TypeError(f"mask: expected a bool torch.Tensor, got {type(mask).__name__}")
-    if mask.dtype != torch.bool:
-        raise TypeError(
-            f"mask: expected a bool mask (True = may attend), got dtype {mask.dtype}. "
-            "Float additive masks are rejected so they cannot be silently mixed with "
-            "bool ones (pitfall P4); convert with `mask = float_mask == 0`."
-        )
-    try:
-        ok = torch.broadcast_shapes(mask.shape, scores_shape) == tuple(scores_shape)
-    except RuntimeError:
-        ok = False
-    if not ok:
-        raise ValueError(
-            f"mask: expected a shape that broadcasts to the scores (..., T, S) = "
-            f"{tuple(scores_shape)}, e.g. (T, S), (B, 1, 1, S) or (B, H, T, S); "
-            f"got {tuple(mask.shape)}"
-        )
-
-
-# ---------------------------------------------------------------------------- softmax
 
 
 def masked_softmax(scores: Tensor, mask: Tensor | None = None, dim: int = -1) -> Tensor:
     """Numerically stable softmax over ``dim`` that gives exact zeros where masked.
 
-    Subtracts the row maximum before exponentiating (so large scores cannot overflow),
-    sets masked entries to exp(-inf) = 0, and divides by the row sum only where the row
-    has a visible key: a fully masked row comes out all zero, with zero gradients, not
-    NaN (pitfall P1) and not uniform (pitfall P6). Half-precision scores are
-    exponentiated in float32 and the result cast back.
+    Subtracts the row maximum (so large scores cannot overflow), sets masked entries to
+    exp(-inf) = 0, and divides by the row sum only where the row has a visible key: a
+    fully masked row is all zero with zero gradients, not NaN (P1) nor uniform (P6).
+    Half-precision scores are exponentiated in float32 and the result cast back.
 
     Shapes: ``scores`` (..., T, S); ``mask`` bool, broadcastable to it, True = keep.
     Returns: weights with the shape and dtype of ``scores``.
@@ -142,19 +65,22 @@ def scaled_dot_product_attention(
     v: Tensor,
     mask: Tensor | None = None,
     *,
+    bias: Tensor | None = None,
     dropout_p: float = 0.0,
     scale: float | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """softmax(q k^T / sqrt(d_k)) v, written out step by step ("naive" backend).
+    """softmax(q k^T / sqrt(d_k) + bias) v, written out step by step ("naive" backend).
 
     Args:
         q: queries (..., T, d_k), floating point.
         k: keys (..., S, d_k), same dtype and leading dimensions as ``q``.
         v: values (..., S, d_v).
-        mask: optional bool mask broadcastable to (..., T, S), True = may attend.
-            Typical shapes: (T, S), (B, 1, 1, S), (B, H, T, S).
-        dropout_p: probability of zeroing a weight (training only; the survivors are
-            scaled by 1 / (1 - dropout_p)). Pass 0.0 in evaluation.
+        mask: optional bool mask broadcastable to (..., T, S), True = may attend,
+            e.g. (T, S), (B, 1, 1, S), (B, H, T, S).
+        bias: optional float offsets of the scaled scores, broadcastable to
+            (..., T, S), e.g. ALiBi's (H, T, S).
+        dropout_p: probability of zeroing a weight (training only; survivors are
+            scaled by 1 / (1 - dropout_p)).
         scale: multiplier of the scores; default 1 / sqrt(d_k).
 
     Returns:
@@ -163,19 +89,21 @@ def scaled_dot_product_attention(
         visible key.
 
     Raises:
-        TypeError: non-tensor or non-float inputs, mixed dtypes, a non-bool mask.
-        ValueError: mismatched d_k or S, different leading dimensions, a mask that does
-            not broadcast to (..., T, S), ``dropout_p`` outside [0, 1).
+        TypeError: non-tensor or non-float inputs, mixed dtypes, a non-bool mask (P4),
+            a non-float bias.
+        ValueError: mismatched d_k or S, different leading dimensions, a mask or bias
+            that does not broadcast to (..., T, S), ``dropout_p`` outside [0, 1).
 
     Source: Vaswani et al. 2017, section 3.2.1, equation (1).
     """
-    check_qkv(q, k, v)
-    _check_dropout_p(dropout_p)
-    d_k = q.shape[-1]
-    scale = 1.0 / math.sqrt(d_k) if scale is None else scale
+    _validation.qkv(q, k, v)
+    _validation.probability("dropout_p", dropout_p)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., T, S)
-    if mask is not None:
-        check_mask(mask, scores.shape)
+    _validation.bool_mask(mask, scores.shape)
+    _validation.score_bias(bias, scores.shape)
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)
     weights = masked_softmax(scores, mask)  # (..., T, S)
     used = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     return used @ v, weights  # (..., T, d_v), (..., T, S)
@@ -187,26 +115,34 @@ def sdpa_attention(
     v: Tensor,
     mask: Tensor | None = None,
     *,
+    bias: Tensor | None = None,
     dropout_p: float = 0.0,
     scale: float | None = None,
 ) -> tuple[Tensor, None]:
     """PyTorch's fused ``F.scaled_dot_product_attention`` behind this library's signature.
 
-    Same arguments, checks and mask convention (True = may attend) as
-    ``scaled_dot_product_attention``. Fused kernels do not materialise the weights, so
-    the second return value is ``None``. Queries with no visible key get a zero output
-    (PyTorch would return NaN for them): their mask row is opened before the call and
-    their output zeroed after, so no NaN reaches the gradients either (pitfall P1).
+    Same arguments, checks and mask convention as ``scaled_dot_product_attention``;
+    the weights are not materialised (``None``). A query with no visible key gets a zero
+    output, not PyTorch's NaN: its mask row is opened before the call and its output
+    zeroed after, so no NaN reaches the gradients either (P1). A ``bias`` goes to
+    PyTorch as a float ``attn_mask``, -inf where ``mask`` is False.
     """
-    check_qkv(q, k, v)
-    _check_dropout_p(dropout_p)
+    _validation.qkv(q, k, v)
+    _validation.probability("dropout_p", dropout_p)
+    scores_shape = (*q.shape[:-1], k.shape[-2])  # (..., T, S)
+    _validation.bool_mask(mask, scores_shape)
+    _validation.score_bias(bias, scores_shape)
     has_key = None
     if mask is not None:
-        check_mask(mask, (*q.shape[:-1], k.shape[-2]))
         has_key = mask.any(dim=-1, keepdim=True)  # (..., T, 1)
         mask = mask | ~has_key  # an empty row attends everywhere, then is zeroed
+    attn_mask = mask
+    if bias is not None:
+        attn_mask = bias.to(q.dtype)
+        if mask is not None:
+            attn_mask = torch.where(mask, attn_mask, float("-inf"))  # (..., T, S)
     out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale
     )
     if has_key is not None:
         out = torch.where(has_key, out, torch.zeros_like(out))
@@ -215,156 +151,92 @@ def sdpa_attention(
 
 AttentionFn = Callable[..., tuple[Tensor, "Tensor | None"]]
 
-#: Interchangeable attention implementations with one signature
-#: ``fn(q, k, v, mask=None, *, dropout_p=0.0, scale=None) -> (out, weights or None)``.
+#: Interchangeable attention with one signature ``fn(q, k, v, mask=None, *, bias=None,
+#: dropout_p=0.0, scale=None) -> (out, weights or None)``: the step-by-step reference,
+#: PyTorch's fused kernels, and chapter 7's tiled FlashAttention (``flash.py``).
 ATTENTION_BACKENDS: dict[str, AttentionFn] = {
     "naive": scaled_dot_product_attention,
     "sdpa": sdpa_attention,
+    "tiled": tiled_attention,
 }
-
-
-# -------------------------------------------------------------------- additive attention
-
-
-def additive_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    w_q: Tensor,
-    w_k: Tensor,
-    w_score: Tensor,
-    mask: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Additive (Bahdanau) attention: score(q, k) = w_score . tanh(W_q q + W_k k).
-
-    Args:
-        q: queries (..., T, d_q).
-        k: keys (..., S, d_k); q and k may have different sizes.
-        v: values (..., S, d_v).
-        w_q: (d_hidden, d_q) projection of the queries.
-        w_k: (d_hidden, d_k) projection of the keys.
-        w_score: (d_hidden,) vector that turns each hidden feature into a score.
-        mask: optional bool mask broadcastable to (..., T, S), True = may attend.
-
-    Returns:
-        ``(out, weights)``: (..., T, d_v) and (..., T, S).
-
-    Raises:
-        TypeError / ValueError: as ``scaled_dot_product_attention``, plus projection
-        shapes that do not match ``q``, ``k`` or each other.
-
-    Cost: it builds a (..., T, S, d_hidden) tensor, where dot-product attention needs
-    only the (..., T, S) scores; that is why Vaswani et al. (2017, section 3.2.1) chose
-    dot products.
-
-    Source: Bahdanau et al. 2014, section 3.1 and appendix A.1.1.
-    """
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(name, x)
-    if v.shape[-2] != k.shape[-2]:
-        raise ValueError(
-            f"v: expected S = {k.shape[-2]} keys to match k {tuple(k.shape)}, "
-            f"got v shape {tuple(v.shape)}"
-        )
-    d_hidden = w_score.shape[-1]
-    if w_score.dim() != 1:
-        raise ValueError(f"w_score: expected shape (d_hidden,), got {tuple(w_score.shape)}")
-    if tuple(w_q.shape) != (d_hidden, q.shape[-1]):
-        raise ValueError(
-            f"w_q: expected shape (d_hidden, d_q) = {(d_hidden, q.shape[-1])}, "
-            f"got {tuple(w_q.shape)}"
-        )
-    if tuple(w_k.shape) != (d_hidden, k.shape[-1]):
-        raise ValueError(
-            f"w_k: expected shape (d_hidden, d_k) = {(d_hidden, k.shape[-1])}, "
-            f"got {tuple(w_k.shape)}"
-        )
-    features = torch.tanh(
-        (q @ w_q.T).unsqueeze(-2)  # (..., T, 1, d_hidden)
-        + (k @ w_k.T).unsqueeze(-3)  # (..., 1, S, d_hidden)
-    )  # (..., T, S, d_hidden)
-    scores = features @ w_score  # (..., T, S)
-    if mask is not None:
-        check_mask(mask, scores.shape)
-    weights = masked_softmax(scores, mask)
-    return weights @ v, weights
-
-
-class AdditiveAttention(nn.Module):
-    """Additive attention with learned projections (Bahdanau et al. 2014, section 3.1).
-
-    Args:
-        d_q: query size; d_k: key size; d_hidden: size of the tanh layer.
-
-    ``forward(q, k, v, mask=None)`` takes and returns what ``additive_attention`` does.
-    """
-
-    def __init__(self, d_q: int, d_k: int, d_hidden: int):
-        super().__init__()
-        self.w_q = nn.Linear(d_q, d_hidden, bias=False)
-        self.w_k = nn.Linear(d_k, d_hidden, bias=False)
-        self.w_score = nn.Linear(d_hidden, 1, bias=False)
-
-    def forward(self, q, k, v, mask=None):
-        return additive_attention(
-            q, k, v, self.w_q.weight, self.w_k.weight, self.w_score.weight[0], mask
-        )
 
 
 # ------------------------------------------------------------------ multi-head attention
 
 
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """Repeat each key/value head ``n_rep`` times so H_kv heads serve H = H_kv * n_rep
+    query heads: head h of the result is head h // n_rep of ``x``.
+
+    Shapes: x (B, H_kv, S, d) -> (B, H_kv * n_rep, S, d); ``x`` itself if n_rep is 1.
+    Raises ValueError if ``x`` is not 4-D or ``n_rep`` < 1. Source: Ainslie et al. 2023.
+    """
+    _validation.positive_int("n_rep", n_rep)
+    if x.dim() != 4:
+        raise ValueError(f"x: expected shape (B, H_kv, S, d), got {tuple(x.shape)}")
+    if n_rep == 1:
+        return x
+    b, h_kv, s, d = x.shape
+    x = x[:, :, None, :, :].expand(b, h_kv, n_rep, s, d)  # (B, H_kv, n_rep, S, d)
+    return x.reshape(b, h_kv * n_rep, s, d)  # (B, H, S, d)
+
+
 class KVCacheLike(Protocol):
-    """What ``MultiHeadAttention.forward(..., cache=...)`` needs from a KV cache
-    (``decoding.KVCache`` is one): ``update(k, v)`` appends this step's projected keys
-    and values, each (B, H, S_new, d_k), and returns all of them so far,
-    ``(k_all, v_all)``, each (B, H, S_past + S_new, d_k)."""
+    """A KV cache (``decoding.KVCache`` is one): ``update(k, v)`` appends this step's
+    keys and values (B, H_kv, S_new, d_k) and returns all so far (B, H_kv, S_past +
+    S_new, d_k); ``length`` (S_past) is read by rotary attention without positions."""
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
 
 
-def _check_sequence(name: str, x, d_model: int) -> None:
-    _check_tensor(name, x, min_dim=3)
-    if x.dim() != 3 or x.shape[-1] != d_model:
-        raise ValueError(
-            f"{name}: expected shape (B, length, d_model) with d_model = {d_model}, "
-            f"got {tuple(x.shape)}"
-        )
+@torch.no_grad()
+def _keep_features(linear: nn.Linear, index: Tensor, dim: int) -> nn.Linear:
+    """A copy of ``linear`` keeping only output rows (dim 0) or input columns (dim 1)."""
+    w = linear.weight.index_select(dim, index)
+    new = nn.Linear(w.shape[1], w.shape[0], bias=linear.bias is not None)
+    new = new.to(w.device, w.dtype)
+    new.weight.copy_(w)
+    if linear.bias is not None:
+        new.bias.copy_(linear.bias if dim == 1 else linear.bias[index])
+    return new
 
 
 class MultiHeadAttention(nn.Module):
     """Multi-head attention: H scaled dot-product attentions in learned subspaces.
 
-    MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W^O with
-    head_h = Attention(Q W^Q_h, K W^K_h, V W^V_h), d_k = d_v = d_model / H.
-    The H projections W^Q_h are stored as one (d_model, d_model) ``nn.Linear`` whose
-    output rows h*d_k:(h+1)*d_k belong to head h (likewise for keys and values), so the
-    cost equals one head of width d_model. Derived in chapter 3.
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W^O, head_h = Attention(Q W^Q_h,
+    K W^K_h, V W^V_h), d_k = d_v = d_model / H. The H matrices W^Q_h are one
+    ``nn.Linear`` whose output rows h*d_k:(h+1)*d_k belong to head h (likewise W^K, W^V).
+    With ``n_kv_heads`` < H, groups of H / n_kv_heads query heads share a key/value head
+    (grouped-query attention; 1 = multi-query): W^K, W^V and a KV cache shrink by that
+    factor, and each key/value head is repeated for its group (``repeat_kv``).
 
     Args:
-        d_model: model width D (> 0), divisible by ``n_heads``.
-        n_heads: number of heads H (> 0).
+        d_model: model width D, divisible by ``n_heads`` H (query heads).
+        n_kv_heads: key/value heads H_kv, a divisor of H (default H).
         dropout: dropout probability on the attention weights, used in training only.
         bias: whether the four projections have a bias.
-        backend: name of an entry of ``ATTENTION_BACKENDS`` ("naive", "sdpa", ...),
-            looked up at every call, so backends registered later can be chosen.
+        backend: name of an entry of ``ATTENTION_BACKENDS``, looked up at every call.
+        rotary: optional ``positional.RotaryEmbedding`` of size d_k, applied to the
+            queries and keys of self-attention at their absolute positions.
 
-    Shapes (forward):
-        query (B, T, D), key and value (B, S, D), floating point, one dtype.
-        mask: bool, True = may attend, broadcastable to (B, H, T, S): e.g. a causal
-            (T, S) mask, a padding (B, 1, 1, S) mask, a per-head (B, H, T, S) mask.
-        Returns ``(out, weights)``: out (B, T, D); weights (B, H, T, S) per head, each
-        row summing to 1 (0 for a query with no visible key), taken before dropout.
-        ``weights`` is None when ``need_weights=False`` or the backend does not
-        compute them (e.g. "sdpa"). Average over dim 1 for a per-layer view (P13).
+    Shapes (forward): query (B, T, D), key and value (B, S, D), one float dtype.
+        mask: bool, True = may attend, broadcastable to (B, H, T, S).
+        bias: float offsets added to the scores, broadcastable to (B, H, T, S).
+        cache: a ``KVCacheLike``; the queries then attend to S_past + S keys.
+        head_mask: float gates (H,) or (B, H) multiplying each head's output.
+        positions: absolute positions (T,) or (B, T) of the new tokens, for ``rotary``
+            (default: S_past, ..., S_past + T - 1; pitfall P16).
+        Returns ``(out, weights)``: out (B, T, D); per-head weights (B, H, T, S) before
+        dropout and gates (P13), or None (``need_weights=False``, fused backends).
 
     Raises:
-        TypeError: non-int sizes, non-tensor or non-float inputs, a non-bool mask.
-        ValueError: d_model not divisible by n_heads, a dropout outside [0, 1), an
-            unknown backend, inputs whose shapes do not match (B, T, D) / (B, S, D),
-            a mask that does not broadcast to (B, H, T, S).
+        TypeError: non-int sizes, non-float inputs, bias or head_mask, a non-bool mask.
+        ValueError: sizes that do not divide, a dropout outside [0, 1), an unknown
+            backend, inputs not (B, T, D) / (B, S, D), a mask or bias that does not
+            broadcast to (B, H, T, S), a head_mask not (H,) or (B, H).
 
-    Source: Vaswani et al. 2017, "Attention Is All You Need", section 3.2.2.
+    Source: Vaswani et al. 2017, section 3.2.2; Ainslie et al. 2023, section 2.
     """
 
     def __init__(
@@ -372,48 +244,44 @@ class MultiHeadAttention(nn.Module):
         d_model: int,
         n_heads: int,
         *,
+        n_kv_heads: int | None = None,
         dropout: float = 0.0,
         bias: bool = True,
         backend: str = "naive",
+        rotary: RotaryEmbedding | None = None,
     ):
         super().__init__()
-        for name, value in (("d_model", d_model), ("n_heads", n_heads)):
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-            if value < 1:
-                raise ValueError(f"{name}: expected a positive int, got {value}")
-        if d_model % n_heads:
-            raise ValueError(
-                f"d_model: expected a multiple of n_heads = {n_heads}, got {d_model}"
-            )
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout: expected a probability in [0, 1), got {dropout}")
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        _validation.positive_int("d_model", d_model)
+        _validation.positive_int("n_heads", n_heads)
+        _validation.positive_int("n_kv_heads", n_kv_heads)
+        _validation.probability("dropout", dropout)
+        _validation.multiple("d_model", d_model, "n_heads", n_heads)
+        _validation.divisor("n_kv_heads", n_kv_heads, "n_heads", n_heads)
         self.d_model, self.n_heads, self.d_k = d_model, n_heads, d_model // n_heads
-        self.dropout = dropout
-        self.backend = backend
+        self.n_kv_heads, self.dropout, self.backend = n_kv_heads, dropout, backend
         self._backend_fn()  # fail early on an unknown name
+        self.rotary = rotary
+        d_kv = n_kv_heads * self.d_k
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)  # W^Q of all heads
-        self.k_proj = nn.Linear(d_model, d_model, bias=bias)  # W^K of all heads
-        self.v_proj = nn.Linear(d_model, d_model, bias=bias)  # W^V of all heads
+        self.k_proj = nn.Linear(d_model, d_kv, bias=bias)  # W^K of the H_kv heads
+        self.v_proj = nn.Linear(d_model, d_kv, bias=bias)  # W^V of the H_kv heads
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
 
     def _backend_fn(self) -> AttentionFn:
-        if self.backend not in ATTENTION_BACKENDS:
-            raise ValueError(
-                f"backend: expected one of {sorted(ATTENTION_BACKENDS)}, "
-                f"got {self.backend!r}"
-            )
+        _validation.one_of("backend", self.backend, ATTENTION_BACKENDS)
         return ATTENTION_BACKENDS[self.backend]
 
     def split_heads(self, x: Tensor) -> Tensor:
-        """(B, L, D) -> (B, H, L, d_k): head h gets features h*d_k:(h+1)*d_k (P8)."""
+        """(B, L, n * d_k) -> (B, n, L, d_k) for n = H or H_kv heads: head h gets
+        features h*d_k:(h+1)*d_k of every token (P8)."""
         B, L, _ = x.shape
-        return x.view(B, L, self.n_heads, self.d_k).transpose(1, 2)  # (B, H, L, d_k)
+        return x.view(B, L, -1, self.d_k).transpose(1, 2)  # (B, n, L, d_k)
 
     def merge_heads(self, x: Tensor) -> Tensor:
-        """(B, H, L, d_k) -> (B, L, D): token t = [head 0 | head 1 | ...] (P9, P10)."""
-        B, _, L, _ = x.shape
-        return x.transpose(1, 2).reshape(B, L, self.d_model)  # (B, L, D)
+        """(B, H, L, d_k) -> (B, L, H * d_k): token t = [head 0 | head 1 | ...] (P9)."""
+        B, H, L, _ = x.shape
+        return x.transpose(1, 2).reshape(B, L, H * self.d_k)  # (B, L, H * d_k)
 
     def forward(
         self,
@@ -422,88 +290,61 @@ class MultiHeadAttention(nn.Module):
         value: Tensor,
         mask: Tensor | None = None,
         *,
+        bias: Tensor | None = None,
         cache: KVCacheLike | None = None,
+        head_mask: Tensor | None = None,
+        positions: Tensor | None = None,
         need_weights: bool = True,
     ) -> tuple[Tensor, Tensor | None]:
-        """Attend from ``query`` (B, T, D) to ``key``/``value`` (B, S, D).
-
-        With ``cache``, this call's projected keys and values are appended to it with
-        ``cache.update(k, v)`` and the queries attend to everything it returns, so
-        ``mask`` must then broadcast to (B, H, T, S_past + S).
-        """
-        for name, x in (("query", query), ("key", key), ("value", value)):
-            _check_sequence(name, x, self.d_model)
-        if key.shape[:2] != value.shape[:2] or key.shape[0] != query.shape[0]:
-            raise ValueError(
-                "query, key, value: expected (B, T, D), (B, S, D), (B, S, D), got "
-                f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
-            )
+        """Attend from ``query`` (B, T, D) to ``key``/``value`` (B, S, D) (see above)."""
+        _validation.query_key_value(query, key, value, self.d_model)
         attend = self._backend_fn()
         q = self.split_heads(self.q_proj(query))  # (B, H, T, d_k)
-        k = self.split_heads(self.k_proj(key))  # (B, H, S, d_k)
-        v = self.split_heads(self.v_proj(value))  # (B, H, S, d_k)
+        k = self.split_heads(self.k_proj(key))  # (B, H_kv, S, d_k)
+        v = self.split_heads(self.v_proj(value))  # (B, H_kv, S, d_k)
+        if self.rotary is not None:  # new keys sit at the new queries' positions
+            if positions is None:
+                past = 0 if cache is None else cache.length
+                positions = torch.arange(past, past + q.shape[2], device=q.device)
+            q, k = self.rotary(q, k, positions, positions)
         if cache is not None:
-            k, v = cache.update(k, v)  # (B, H, S_past + S, d_k) each
-        if mask is not None:
-            B, H, T, S = (*q.shape[:3], k.shape[2])
-            if isinstance(mask, Tensor) and mask.dim() > 4:
-                raise ValueError(
-                    f"mask: expected at most 4 dimensions (B, H, T, S) = "
-                    f"{(B, H, T, S)}, got {tuple(mask.shape)}"
-                )
-            check_mask(mask, (B, H, T, S))
+            k, v = cache.update(k, v)  # (B, H_kv, S_past + S, d_k) each
+        B, H, T, S = (*q.shape[:3], k.shape[2])
+        _validation.bool_mask(mask, (B, H, T, S))
+        _validation.score_bias(bias, (B, H, T, S))
+        _validation.head_gates(head_mask, B, H)
+        k = repeat_kv(k, H // k.shape[1])  # (B, H, S, d_k)
+        v = repeat_kv(v, H // v.shape[1])  # (B, H, S, d_k)
         p = self.dropout if self.training else 0.0
-        out, weights = attend(q, k, v, mask, dropout_p=p)  # (B, H, T, d_k), (B, H, T, S)
+        out, weights = attend(q, k, v, mask, bias=bias, dropout_p=p)  # (B, H, T, d_k)
+        if head_mask is not None:
+            out = out * head_mask.reshape(-1, H, 1, 1).to(out.dtype)  # gate each head
         out = self.out_proj(self.merge_heads(out))  # (B, T, D)
         return out, (weights if need_weights else None)
 
-    @torch.no_grad()
-    def load_from_torch_mha(self, mha: nn.MultiheadAttention) -> MultiHeadAttention:
-        """Copy the weights of a ``torch.nn.MultiheadAttention`` into this module (used
-        by the parity tests). PyTorch stacks W^Q, W^K, W^V in ``in_proj_weight``
-        (3D, D) in that order. Returns ``self``.
+    def prune_heads(self, heads: Iterable[int]) -> MultiHeadAttention:
+        """Remove query heads ``heads`` (indices into the current heads) physically:
+        W^Q, W^K, W^V lose their rows and W^O its columns, so the module gets smaller
+        and faster. Equals gating those heads with 0 (``head_mask``). Returns self.
 
-        Raises:
-            TypeError: if ``mha`` is not an ``nn.MultiheadAttention``.
-            ValueError: if its d_model, n_heads or bias differ from this module's, or it
-                uses features this module does not have (kdim/vdim != embed_dim,
-                add_bias_kv).
+        Raises ValueError for an index outside [0, H), removing every head, or a
+        grouped-query module (its key/value heads are shared by query heads).
+        Source: Michel et al. 2019, section 2.2; Hugging Face ``prune_heads``.
         """
-        if not isinstance(mha, nn.MultiheadAttention):
-            raise TypeError(
-                f"mha: expected a torch.nn.MultiheadAttention, got {type(mha).__name__}"
-            )
-        theirs = (mha.embed_dim, mha.num_heads, mha.in_proj_bias is not None)
-        ours = (self.d_model, self.n_heads, self.q_proj.bias is not None)
-        if theirs != ours:
+        heads = set(heads)
+        if self.n_kv_heads != self.n_heads:
+            raise ValueError("prune_heads: grouped-query heads cannot be removed")
+        if not heads <= set(range(self.n_heads)) or len(heads) >= self.n_heads:
             raise ValueError(
-                f"mha: expected (d_model, n_heads, bias) = {ours}, got {theirs}"
+                f"heads: expected indices in [0, {self.n_heads}) that leave at least "
+                f"one head, got {sorted(heads)}"
             )
-        if not mha._qkv_same_embed_dim or mha.bias_k is not None:
-            raise ValueError(
-                "mha: kdim/vdim != embed_dim and add_bias_kv are not supported"
-            )
-        projections = (self.q_proj, self.k_proj, self.v_proj)
-        for proj, w in zip(projections, mha.in_proj_weight.chunk(3)):
-            proj.weight.copy_(w)
-        if mha.in_proj_bias is not None:
-            for proj, b in zip(projections, mha.in_proj_bias.chunk(3)):
-                proj.bias.copy_(b)
-            self.out_proj.bias.copy_(mha.out_proj.bias)
-        self.out_proj.weight.copy_(mha.out_proj.weight)
+        keep = [h for h in range(self.n_heads) if h not in heads]
+        rows = torch.arange(self.n_heads * self.d_k, device=self.q_proj.weight.device)
+        index = rows.view(self.n_heads, self.d_k)[keep].flatten()  # (H' * d_k,)
+        self.q_proj = _keep_features(self.q_proj, index, 0)
+        self.k_proj = _keep_features(self.k_proj, index, 0)
+        self.v_proj = _keep_features(self.v_proj, index, 0)
+        self.out_proj = _keep_features(self.out_proj, index, 1)
+        self.n_heads = self.n_kv_heads = len(keep)
         return self
-
-    @classmethod
-    def from_torch_mha(cls, mha: nn.MultiheadAttention, **kwargs) -> MultiHeadAttention:
-        """A new module with the sizes, dropout and weights of ``mha`` (see
-        ``load_from_torch_mha``); ``kwargs`` (e.g. ``backend``) go to the constructor."""
-        if not isinstance(mha, nn.MultiheadAttention):
-            raise TypeError(
-                f"mha: expected a torch.nn.MultiheadAttention, got {type(mha).__name__}"
-            )
-        kwargs.setdefault("dropout", mha.dropout)
-        module = cls(
-            mha.embed_dim, mha.num_heads, bias=mha.in_proj_bias is not None, **kwargs
-        )
-        module = module.to(mha.in_proj_weight.device, mha.in_proj_weight.dtype)
-        return module.load_from_torch_mha(mha)

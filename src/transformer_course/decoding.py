@@ -1,7 +1,7 @@
-"""Generating text: the KV cache, greedy decoding, beam search and sampling.
+"""Generating text: the KV cache, greedy decoding, beam search and batched generation.
 
 Derived in chapter 6 (greedy and beam search for the translator) and used in chapter 7
-(sampling from the decoder-only LM, KV cache cost). Shape letters: B batch,
+(``generate`` from the decoder-only LM, KV cache cost). Shape letters: B batch,
 K beam size, H heads, S sequence length so far, d_k head size, V vocabulary.
 
 Every decoder here feeds only the newest token to the model at each step and keeps
@@ -189,32 +189,47 @@ def beam_search(
 
 
 @torch.no_grad()
-def sample(
+def generate(
     model,
-    prompt: Tensor,
+    ids: Tensor,
     max_new_tokens: int,
     *,
-    temperature: float = 1.0,
+    attention_mask: Tensor | None = None,
+    temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
+    eos_id: int | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    """Continue ``prompt`` with a ``DecoderOnlyLM``, one sampled token at a time.
+    """Continue a batch of prompts with a ``DecoderOnlyLM``, one token a step, KV-cached.
 
-    Each step divides the logits by ``temperature`` (0 = always the most likely
-    token), keeps the ``top_k`` most likely tokens and/or the smallest set whose
-    probability reaches ``top_p`` (nucleus), renormalises, and draws.
+    The prompts go through the model once; each later step feeds only the newest token
+    of every row and reads the earlier ones from the caches. A step divides the logits
+    by ``temperature`` (0 = always the most likely token), keeps the ``top_k`` most
+    likely tokens and/or the smallest set whose probability reaches ``top_p``
+    (``filter_logits``), renormalises and draws. Prompts of different lengths are
+    left-padded and marked by ``attention_mask``; each row then generates what its
+    prompt alone would.
 
     Args:
-        prompt: ids (B, T) with T >= 1. max_new_tokens: tokens to add.
+        model: a ``DecoderOnlyLM``.
+        ids: prompts (B, T), T >= 1, left-padded with any id where ``attention_mask``
+            is False.
+        max_new_tokens: most tokens to add (>= 0).
+        attention_mask: bool (B, T), True = real token (default: all real).
         temperature: >= 0. top_k: >= 1 or None. top_p: in (0, 1] or None.
+        eos_id: a row that produces it is finished: its later tokens are
+            ``model.cfg.pad_id``; generation stops early when every row is finished.
         generator: a seeded ``torch.Generator`` for reproducible draws.
 
     Returns:
-        ids (B, T + max_new_tokens).
+        ids (B, T + n), the prompts followed by n <= max_new_tokens new tokens.
 
     Raises:
-        ValueError: for a negative temperature, top_k < 1, or top_p outside (0, 1].
+        ValueError: a negative temperature or max_new_tokens, top_k < 1, top_p outside
+            (0, 1]; as ``DecoderOnlyLM`` for bad ids or mask.
+
+    Sources: Holtzman et al. 2020 (top-p); Fan et al. 2018 (top-k); Radford et al. 2019.
     """
     if temperature < 0:
         raise ValueError(f"temperature: expected >= 0, got {temperature}")
@@ -222,18 +237,30 @@ def sample(
         raise ValueError(f"top_k: expected an int >= 1, got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p: expected a probability in (0, 1], got {top_p}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens: expected >= 0, got {max_new_tokens}")
     model.eval()
+    B = ids.shape[0]
+    keep = torch.ones_like(ids, dtype=torch.bool) if attention_mask is None else attention_mask
+    done = torch.zeros(B, dtype=torch.bool, device=ids.device)  # rows past their EOS
     caches = new_caches(model)
-    ids, step_in = prompt, prompt
+    step_in = ids  # the whole prompts first, then one token a step
     for _ in range(max_new_tokens):
-        logits = model(step_in, caches=caches)[:, -1].float()  # (B, V)
+        logits = model(step_in, attention_mask=keep, caches=caches)[:, -1]  # (B, V)
+        logits = logits.float()
         if temperature == 0:
-            nxt = logits.argmax(-1, keepdim=True)  # (B, 1)
+            nxt = logits.argmax(-1)  # (B,)
         else:
             probs = F.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
-            nxt = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
-        ids = torch.cat([ids, nxt], dim=1)
-        step_in = nxt
+            nxt = torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B,)
+        nxt = nxt.masked_fill(done, model.cfg.pad_id)  # finished rows get padding
+        ids = torch.cat([ids, nxt[:, None]], dim=1)  # (B, T + 1)
+        keep = torch.cat([keep, ~done[:, None]], dim=1)  # padding is no real token
+        if eos_id is not None:
+            done |= nxt == eos_id
+        if done.all():
+            break
+        step_in = nxt[:, None]  # (B, 1)
     return ids
 
 

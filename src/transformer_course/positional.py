@@ -13,43 +13,17 @@ Sources:
     Gehring et al. 2017, "Convolutional Sequence to Sequence Learning" (learned positions).
     Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding",
     section 3.4, equations (13)-(15) (rotary embedding).
-    Press, Smith and Lewis 2022, "Train Short, Test Long: Attention with Linear Biases
-    Enables Input Length Extrapolation" (ALiBi), section 3.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
+from transformer_course import _validation
+
 Tensor = torch.Tensor
 LAYOUTS = ("half", "interleaved")
-
-
-def _check_int(name: str, value, minimum: int = 1) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
-
-
-def _check_positions(positions, n: int, *, allow_negative: bool = False) -> Tensor:
-    if not isinstance(positions, Tensor):
-        raise TypeError(
-            f"positions: expected an integer torch.Tensor, got {type(positions).__name__}"
-        )
-    if positions.dtype.is_floating_point or positions.dtype == torch.bool:
-        raise TypeError(f"positions: expected integer indices, got dtype {positions.dtype}")
-    if positions.dim() not in (1, 2) or positions.shape[-1] != n:
-        raise ValueError(
-            f"positions: expected shape (T,) or (B, T) with T = {n}, "
-            f"got {tuple(positions.shape)}"
-        )
-    if not allow_negative and (positions < 0).any():
-        raise ValueError("positions: expected indices >= 0, got a negative one")
-    return positions
 
 
 # ------------------------------------------------------------------ positions themselves
@@ -75,8 +49,8 @@ def position_ids(
     Raises:
         TypeError / ValueError: bad lengths, a non-bool ``keep``, or S != offset + T.
     """
-    _check_int("q_len", q_len)
-    _check_int("offset", offset, 0)
+    _validation.positive_int("q_len", q_len)
+    _validation.positive_int("offset", offset, 0)
     if keep is None:
         return torch.arange(offset, offset + q_len, device=device)
     if not isinstance(keep, Tensor) or keep.dtype != torch.bool:
@@ -125,8 +99,8 @@ def sinusoidal_encoding(
 
     Source: Vaswani et al. 2017, section 3.5.
     """
-    _check_int("max_len", max_len)
-    _check_int("d_model", d_model)
+    _validation.positive_int("max_len", max_len)
+    _validation.positive_int("d_model", d_model)
     pos = torch.arange(max_len, device=device, dtype=torch.float64)[:, None]  # (L, 1)
     angles = pos * _inv_freq((d_model + 1) // 2, d_model, base, device)  # (L, ceil(D/2))
     pe = torch.zeros(max_len, d_model, device=device, dtype=torch.float64)
@@ -159,7 +133,7 @@ def relative_shift_matrix(
     """
     if not isinstance(k, int) or isinstance(k, bool):
         raise TypeError(f"k: expected an int, got {type(k).__name__}")
-    _check_int("d_model", d_model, 2)
+    _validation.positive_int("d_model", d_model, 2)
     if d_model % 2:
         raise ValueError(
             f"d_model: expected an even size (sin/cos pairs), got {d_model}; the unpaired "
@@ -234,7 +208,7 @@ def _lookup(table: Tensor, x: Tensor, positions: Tensor | None, what: str) -> Te
         )
     t = x.shape[1]
     positions = torch.arange(t, device=x.device) if positions is None else positions
-    _check_positions(positions, t)
+    _validation.positions(positions, t)
     if int(positions.max()) >= table.shape[0]:
         raise ValueError(
             f"positions: expected indices < {what} = {table.shape[0]}, "
@@ -295,7 +269,7 @@ def apply_rotary(
         )
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
-    _check_positions(positions, x.shape[-2], allow_negative=True)
+    _validation.positions(positions, x.shape[-2], allow_negative=True)
     d = x.shape[-1]
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
     inv = _inv_freq(d // 2, d, base, x.device).to(work)  # (d/2,)
@@ -323,7 +297,7 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, d_k: int, *, base: float = 10000.0, layout: str = "half"):
         super().__init__()
-        _check_int("d_k", d_k, 2)
+        _validation.positive_int("d_k", d_k, 2)
         if d_k % 2:
             raise ValueError(f"d_k: expected an even head size, got {d_k}")
         if layout not in LAYOUTS:
@@ -342,58 +316,3 @@ class RotaryEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"d_k={self.d_k}, base={self.base}, layout={self.layout!r}"
-
-
-# ---------------------------------------------------------------------------- ALiBi
-
-
-def alibi_slopes(n_heads: int) -> Tensor:
-    """Head-specific slopes m_h: the geometric sequence 2^(-8/n), 2^(-16/n), ... for a
-    power-of-two ``n_heads``; otherwise the slopes of the nearest lower power of two
-    followed by every other slope of the next one (the paper's recipe).
-
-    Returns:
-        Float tensor (H,). Raises TypeError / ValueError for a bad ``n_heads``.
-
-    Source: Press et al. 2022, section 3.
-    """
-    _check_int("n_heads", n_heads)
-    p = 2 ** math.floor(math.log2(n_heads))
-
-    def geometric(n: int) -> list[float]:
-        start = 2.0 ** (-8.0 / n)
-        return [start ** (h + 1) for h in range(n)]
-
-    slopes = geometric(p) + geometric(2 * p)[0::2][: n_heads - p]
-    return torch.tensor(slopes)
-
-
-def alibi_bias(n_heads: int, q_len: int, k_len: int | None = None, *, device=None) -> Tensor:
-    """ALiBi: a bias -m_h * |i - j| added to the attention scores, no embedding at all.
-
-    Queries are aligned bottom-right like ``masks.causal_mask``: query i sits at
-    absolute position i + k_len - q_len. Under a causal mask only j <= i is used, where
-    the bias is the paper's -m_h * (i - j); the absolute value makes it usable without
-    a causal mask too.
-
-    Args:
-        n_heads: number of heads H (one slope each).
-        q_len: queries T; k_len: keys S (default T).
-        device: where to build it.
-
-    Returns:
-        Float tensor (H, T, S), 0 on the (aligned) diagonal, negative elsewhere. Add it
-        to the (B, H, T, S) scores before the softmax (broadcasts over B).
-
-    Raises:
-        TypeError / ValueError: for non-int or non-positive sizes.
-
-    Source: Press et al. 2022, section 3, figure 3.
-    """
-    k_len = q_len if k_len is None else k_len
-    _check_int("q_len", q_len)
-    _check_int("k_len", k_len)
-    i = torch.arange(q_len, device=device)[:, None] + (k_len - q_len)  # (T, 1)
-    j = torch.arange(k_len, device=device)[None, :]  # (1, S)
-    distance = (i - j).abs().float()  # (T, S)
-    return -alibi_slopes(n_heads).to(device)[:, None, None] * distance  # (H, T, S)

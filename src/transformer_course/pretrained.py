@@ -16,7 +16,6 @@ Devlin et al. 2019, "BERT" (the architecture).
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -25,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer_course.attention import MultiHeadAttention
+from transformer_course.interop import load_hf_bert
+from transformer_course.layers import TransformerLayer
 
 Tensor = torch.Tensor
 
@@ -181,29 +181,6 @@ def tokenize_batch(sentences: list[str]) -> tuple[Tensor, Tensor, list[list[str]
     return ids, keep, [tokens for _, tokens in encoded]
 
 
-class MiniLMLayer(nn.Module):
-    """One BERT encoder layer, post-LayerNorm (Devlin et al. 2019; Vaswani et al. 2017,
-    section 3.1): x = LN(x + MHA(x)); x = LN(x + W_2 GELU(W_1 x)).
-
-    Shapes: x (B, S, D), mask bool broadcastable to (B, H, S, S) -> (x, weights) with
-    weights (B, H, S, S).
-    """
-
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, eps: float):
-        super().__init__()
-        self.attn = MultiHeadAttention(d_model, n_heads)
-        self.attn_norm = nn.LayerNorm(d_model, eps=eps)
-        self.ff_in = nn.Linear(d_model, d_ff)
-        self.ff_out = nn.Linear(d_ff, d_model)
-        self.ff_norm = nn.LayerNorm(d_model, eps=eps)
-
-    def forward(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
-        a, weights = self.attn(x, x, x, mask)  # (B, S, D), (B, H, S, S)
-        x = self.attn_norm(x + a)
-        x = self.ff_norm(x + self.ff_out(F.gelu(self.ff_in(x))))  # exact (erf) GELU
-        return x, weights
-
-
 @dataclass
 class EncoderOutput:
     """What ``MiniLMEncoder`` returns.
@@ -221,8 +198,9 @@ class EncoderOutput:
 
 
 class MiniLMEncoder(nn.Module):
-    """all-MiniLM-L6-v2 as a BERT-style encoder made of this library's
-    ``MultiHeadAttention`` (6 layers, 12 heads, d_model 384, d_ff 1536).
+    """all-MiniLM-L6-v2 as a BERT-style encoder: this library's ``TransformerLayer``
+    (post-LN, GELU) x 6, 12 heads, d_model 384, d_ff 1536. ``interop.load_hf_bert``
+    copies the real weights in (``load_minilm_encoder`` does both).
 
     ``forward(ids, mask=None)``: ids (B, S) int64; mask (B, S) bool, True = real token
     (default: ``ids != pad_id``). Returns an ``EncoderOutput``.
@@ -246,7 +224,10 @@ class MiniLMEncoder(nn.Module):
         self.segment_embeddings = nn.Embedding(2, d)
         self.embed_norm = nn.LayerNorm(d, eps=cfg["layer_norm_eps"])
         self.layers = nn.ModuleList(
-            MiniLMLayer(d, cfg["n_heads"], cfg["d_ff"], cfg["layer_norm_eps"])
+            TransformerLayer(  # BERT: post-LN, exact (erf) GELU
+                d, cfg["n_heads"], cfg["d_ff"], norm_first=False, activation="gelu",
+                eps=cfg["layer_norm_eps"],
+            )
             for _ in range(cfg["n_layers"])
         )
 
@@ -281,52 +262,16 @@ class MiniLMEncoder(nn.Module):
         key_mask = mask[:, None, None, :]  # (B, 1, 1, S): hide padded keys
         hidden, attentions = [x], []
         for layer in self.layers:
-            x, weights = layer(x, key_mask)
+            x = layer(x, key_mask)  # (B, S, D)
             hidden.append(x)
-            attentions.append(weights)
+            attentions.append(layer.self_attn_weights)  # (B, H, S, S)
         return EncoderOutput(x, torch.stack(hidden), torch.stack(attentions))
-
-    @torch.no_grad()
-    def load_hf_state_dict(self, sd: dict[str, Tensor]) -> MiniLMEncoder:
-        """Copy weights named as in Hugging Face's ``BertModel`` into this module (the
-        only place where their names meet ours). Returns ``self``.
-
-        Raises:
-            KeyError: naming the first weight that ``sd`` lacks.
-        """
-        ours = {
-            "word_embeddings.weight": "embeddings.word_embeddings.weight",
-            "position_embeddings.weight": "embeddings.position_embeddings.weight",
-            "segment_embeddings.weight": "embeddings.token_type_embeddings.weight",
-            "embed_norm.weight": "embeddings.LayerNorm.weight",
-            "embed_norm.bias": "embeddings.LayerNorm.bias",
-        }
-        per_layer = {
-            "attn.q_proj": "attention.self.query",
-            "attn.k_proj": "attention.self.key",
-            "attn.v_proj": "attention.self.value",
-            "attn.out_proj": "attention.output.dense",
-            "attn_norm": "attention.output.LayerNorm",
-            "ff_in": "intermediate.dense",
-            "ff_out": "output.dense",
-            "ff_norm": "output.LayerNorm",
-        }
-        for i in range(len(self.layers)):
-            for mine, theirs in per_layer.items():
-                for p in ("weight", "bias"):
-                    ours[f"layers.{i}.{mine}.{p}"] = f"encoder.layer.{i}.{theirs}.{p}"
-        params = dict(self.named_parameters())
-        for mine, theirs in ours.items():
-            if theirs not in sd:
-                raise KeyError(f"sd: expected a weight named {theirs!r}, it is missing")
-            params[mine].copy_(sd[theirs])
-        return self
 
 
 def load_minilm_encoder(device=None) -> MiniLMEncoder:
     """A ``MiniLMEncoder`` holding the real all-MiniLM-L6-v2 weights, in eval mode, on
     ``device`` (default: the CPU). Loaded from the installed package, offline."""
-    model = MiniLMEncoder().load_hf_state_dict(_state_dict())
+    model = load_hf_bert(MiniLMEncoder(), _state_dict())
     return model.to(device or "cpu").eval()
 
 
@@ -349,111 +294,3 @@ def attention_maps(
     device = next(model.parameters()).device
     out = model(ids.to(device))
     return tokens, out.attentions[:, 0].float().cpu()  # (L, H, S, S)
-
-
-# ------------------------------------------------------------- what the heads do
-
-
-#: Real English sentences for measuring head roles (chapter 3): varied length, syntax
-#: and vocabulary, including the Winograd-style pair of Vaswani et al.'s figure.
-EXAMPLE_SENTENCES: tuple[str, ...] = (
-    "The animal didn't cross the street because it was too tired.",
-    "The animal didn't cross the street because it was too wide.",
-    "The trophy doesn't fit into the brown suitcase because it is too large.",
-    "She gave the book to her brother, who had asked for it last week.",
-    "Paris is the capital and most populous city of France.",
-    "The committee postponed the vote until the chairman returned from abroad.",
-    "Photosynthesis converts light energy into chemical energy stored in glucose.",
-    "After the storm, the fishermen repaired their nets on the quiet beach.",
-    "A small dog chased the red ball across the garden.",
-    "The museum acquired a rare manuscript written in medieval Latin.",
-    "He plays the violin every evening after dinner.",
-    "The engineers tested the bridge before opening it to traffic.",
-    "Most volcanoes in Iceland lie along the Mid-Atlantic Ridge.",
-    "The children laughed when the clown slipped on a banana peel.",
-    "My grandmother bakes bread with flour from the local mill.",
-    "The spacecraft sent photographs of Saturn's rings back to Earth.",
-    "If it rains tomorrow, the concert will move indoors.",
-    "The lawyer argued that the contract was never signed.",
-    "Tigers are solitary hunters that mostly hunt at night.",
-    "The old lighthouse keeper wrote letters to his daughter every winter.",
-)
-
-#: Id of "the" in the WordPiece vocabulary: from here on the words are listed roughly
-#: from most to least frequent in BERT's training text, so a larger id means a rarer
-#: word (chapter 3 prints the first entries to show it).
-FIRST_WORD_ID = 1996
-
-
-def rank_heads(weights: Tensor, query: int, key: int, k: int = 3) -> list[tuple]:
-    """The ``k`` (layer, head) pairs that put the most weight from token ``query`` on
-    token ``key``, largest first.
-
-    Args:
-        weights: (L, H, S, S) as returned by ``attention_maps``.
-        query, key: token positions in [0, S).
-
-    Returns:
-        A list of ``(layer, head, weight)`` with weight a float.
-
-    Raises:
-        ValueError: if ``weights`` is not 4-D or a position is out of range.
-    """
-    if not isinstance(weights, Tensor) or weights.dim() != 4:
-        got = tuple(weights.shape) if isinstance(weights, Tensor) else type(weights)
-        raise ValueError(f"weights: expected shape (L, H, S, S), got {got}")
-    L, H, S, _ = weights.shape
-    for name, pos in (("query", query), ("key", key)):
-        if not 0 <= pos < S:
-            raise ValueError(f"{name}: expected a position in [0, {S}), got {pos}")
-    link = weights[:, :, query, key].reshape(-1)  # (L * H,)
-    top = link.topk(min(k, L * H))
-    return [(int(i) // H, int(i) % H, float(w)) for w, i in zip(top.values, top.indices)]
-
-
-HEAD_ROLES = ("previous token", "next token", "[CLS]", "[SEP]", "rare token", "broad")
-
-
-def _roles_one(w: Tensor, ids: Tensor) -> dict[str, Tensor]:
-    """Role scores (L, H) of one sentence's weights w (L, H, S, S) and ids (S,)."""
-    S = w.shape[-1]
-    words = torch.nonzero(ids >= FIRST_WORD_ID).flatten()
-    rare = int(words[ids[words].argmax()]) if len(words) else 0
-    entropy = -(w * w.clamp_min(1e-12).log()).sum(-1)  # (L, H, S)
-    return {
-        "previous token": w.diagonal(-1, -2, -1).mean(-1),  # w[i, i-1]
-        "next token": w.diagonal(1, -2, -1).mean(-1),  # w[i, i+1]
-        "[CLS]": w[..., :, 0].mean(-1),
-        "[SEP]": w[..., :, S - 1].mean(-1),
-        "rare token": w[..., :, rare].mean(-1),
-        "broad": (entropy / math.log(S)).mean(-1),
-    }
-
-
-@torch.no_grad()
-def head_role_scores(
-    sentences=EXAMPLE_SENTENCES, model: MiniLMEncoder | None = None
-) -> dict[str, Tensor]:
-    """How much each head of each layer behaves like the head types of Clark et al.
-    (2019) and Voita et al. (2019), averaged over ``sentences``.
-
-    Scores, each (L, H), averaged over the queries of a sentence and then over the
-    sentences: "previous token" / "next token" (weight from token i to i - 1 / i + 1),
-    "[CLS]" / "[SEP]" (weight on the first / last token), "rare token" (weight on the
-    sentence's rarest word, the one with the largest id >= ``FIRST_WORD_ID``), "broad"
-    (entropy of the weights divided by log S: 1 = uniform, 0 = one key).
-
-    Raises:
-        TypeError / ValueError: as ``tokenize_batch``.
-    """
-    model = load_minilm_encoder() if model is None else model
-    ids, keep, _ = tokenize_batch(list(sentences))
-    device = next(model.parameters()).device
-    att = model(ids.to(device), keep.to(device)).attentions.float().cpu()  # (L,B,H,S,S)
-    totals = {role: 0.0 for role in HEAD_ROLES}
-    for b in range(ids.shape[0]):
-        n = int(keep[b].sum())
-        scores = _roles_one(att[:, b, :, :n, :n], ids[b, :n])
-        for role in HEAD_ROLES:
-            totals[role] = totals[role] + scores[role] / ids.shape[0]
-    return totals

@@ -1,0 +1,231 @@
+"""Input checks shared by the library (private).
+
+Each function checks one argument (or one group that must agree) and raises a
+``TypeError`` or ``ValueError`` whose message names the argument, what was expected and
+what was received. Call sites use one line per argument, so the math comes first when a
+module is read top to bottom::
+
+    _validation.qkv(q, k, v)
+    _validation.positive_int("block_q", block_q)
+
+The pitfall ids in messages (P4, ...) are listed on the book's pitfall index page.
+"""
+
+from __future__ import annotations
+
+import torch
+
+Tensor = torch.Tensor
+
+
+def positive_int(name: str, value, minimum: int = 1) -> None:
+    """An int (not a bool) >= ``minimum``."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
+
+
+def multiple(name: str, value: int, of_name: str, of: int) -> None:
+    """``value`` a multiple of ``of`` (e.g. d_model of n_heads)."""
+    if value % of:
+        raise ValueError(f"{name}: expected a multiple of {of_name} = {of}, got {value}")
+
+
+def divisor(name: str, value: int, of_name: str, of: int) -> None:
+    """``value`` a divisor of ``of`` (e.g. n_kv_heads of n_heads)."""
+    if of % value:
+        raise ValueError(f"{name}: expected a divisor of {of_name} = {of}, got {value}")
+
+
+def one_of(name: str, value, choices) -> None:
+    """``value`` one of ``choices`` (names of backends, layouts, ...)."""
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {sorted(choices)}, got {value!r}")
+
+
+def probability(name: str, value: float) -> None:
+    """A dropout probability in [0, 1)."""
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name}: expected a probability in [0, 1), got {value}")
+
+
+def float_tensor(name: str, x, min_dim: int = 2) -> None:
+    """A floating-point tensor with at least ``min_dim`` dimensions."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"{name}: expected a floating-point tensor, got dtype {x.dtype}")
+    if x.dim() < min_dim:
+        raise ValueError(
+            f"{name}: expected at least {min_dim} dimensions (..., length, features), "
+            f"got shape {tuple(x.shape)}"
+        )
+
+
+def qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """Queries (..., T, d_k), keys (..., S, d_k) and values (..., S, d_v) that agree:
+    one float dtype, one d_k, one S, the same leading (batch, head) dimensions."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        float_tensor(name, x)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(
+            f"q, k, v: expected one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(
+            f"k: expected d_k = {q.shape[-1]} to match q (..., T, d_k) = "
+            f"{tuple(q.shape)}, got k shape {tuple(k.shape)}"
+        )
+    if v.shape[-2] != k.shape[-2]:
+        raise ValueError(
+            f"v: expected S = {k.shape[-2]} keys to match k (..., S, d_k) = "
+            f"{tuple(k.shape)}, got v shape {tuple(v.shape)}"
+        )
+    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+        raise ValueError(
+            "q, k, v: expected the same leading (batch, head) dimensions, got "
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+
+
+def _broadcasts(shape, target) -> bool:
+    try:
+        return torch.broadcast_shapes(shape, target) == tuple(target)
+    except RuntimeError:
+        return False
+
+
+def bool_mask(mask, scores_shape: tuple[int, ...]) -> None:
+    """A bool mask (True = may attend) that broadcasts to the scores (..., T, S).
+    Float additive masks are rejected (pitfall P4): they go through ``bias``.
+    ``None`` (no mask) passes."""
+    if mask is None:
+        return
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"mask: expected a bool torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(
+            f"mask: expected a bool mask (True = may attend), got dtype {mask.dtype}. "
+            "Float additive masks are rejected so they cannot be silently mixed with "
+            "bool ones (pitfall P4); convert with `mask = float_mask == 0`, or pass "
+            "a float score offset (ALiBi, relative positions) as `bias`."
+        )
+    if mask.dim() > len(scores_shape) or not _broadcasts(mask.shape, scores_shape):
+        raise ValueError(
+            f"mask: expected a shape that broadcasts to the scores (..., T, S) = "
+            f"{tuple(scores_shape)}, e.g. (T, S), (B, 1, 1, S) or (B, H, T, S); "
+            f"got {tuple(mask.shape)}"
+        )
+
+
+def score_bias(bias, scores_shape: tuple[int, ...]) -> None:
+    """A floating-point additive bias that broadcasts to the scores (..., T, S);
+    ``None`` passes."""
+    if bias is None:
+        return
+    if not isinstance(bias, Tensor) or not bias.dtype.is_floating_point:
+        got = bias.dtype if isinstance(bias, Tensor) else type(bias).__name__
+        raise TypeError(
+            f"bias: expected a floating-point tensor added to the scores, got {got}; "
+            "bool masks go through `mask`"
+        )
+    if bias.dim() > len(scores_shape) or not _broadcasts(bias.shape, scores_shape):
+        raise ValueError(
+            f"bias: expected a shape that broadcasts to the scores (..., T, S) = "
+            f"{tuple(scores_shape)}, e.g. (H, T, S) or (B, H, T, S); "
+            f"got {tuple(bias.shape)}"
+        )
+
+
+def head_gates(head_mask, batch: int, n_heads: int) -> None:
+    """Float gates of shape (H,) or (B, H), one per head; ``None`` passes."""
+    if head_mask is None:
+        return
+    if not isinstance(head_mask, Tensor) or not head_mask.dtype.is_floating_point:
+        got = head_mask.dtype if isinstance(head_mask, Tensor) else type(head_mask)
+        raise TypeError(f"head_mask: expected a floating-point tensor, got {got}")
+    if tuple(head_mask.shape) not in ((n_heads,), (batch, n_heads)):
+        raise ValueError(
+            f"head_mask: expected shape (H,) = ({n_heads},) or (B, H) = "
+            f"({batch}, {n_heads}), got {tuple(head_mask.shape)}"
+        )
+
+
+def sequence(name: str, x, d_model: int) -> None:
+    """A (B, length, d_model) float tensor."""
+    float_tensor(name, x, min_dim=3)
+    if x.dim() != 3 or x.shape[-1] != d_model:
+        raise ValueError(
+            f"{name}: expected shape (B, length, d_model) with d_model = {d_model}, "
+            f"got {tuple(x.shape)}"
+        )
+
+
+def query_key_value(query, key, value, d_model: int) -> None:
+    """query (B, T, D), key and value (B, S, D) for multi-head attention."""
+    sequence("query", query, d_model)
+    sequence("key", key, d_model)
+    sequence("value", value, d_model)
+    if key.shape[:2] != value.shape[:2] or key.shape[0] != query.shape[0]:
+        raise ValueError(
+            "query, key, value: expected (B, T, D), (B, S, D), (B, S, D), got "
+            f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
+        )
+
+
+def token_ids(name: str, ids, vocab_size: int, max_len: int, past: int = 0) -> None:
+    """A (B, L) integer tensor of ids in [0, vocab_size), L >= 1, and at most
+    ``max_len`` tokens counting ``past`` tokens already in a KV cache."""
+    if (
+        not isinstance(ids, Tensor)
+        or ids.dtype.is_floating_point
+        or ids.dtype == torch.bool
+    ):
+        what = ids.dtype if isinstance(ids, Tensor) else type(ids).__name__
+        raise TypeError(f"{name}: expected an integer tensor of token ids, got {what}")
+    if ids.dim() != 2 or ids.shape[1] == 0:
+        raise ValueError(
+            f"{name}: expected token ids of shape (B, L) with L >= 1, "
+            f"got {tuple(ids.shape)}"
+        )
+    if past + ids.shape[1] > max_len:
+        cached = f" after {past} cached tokens" if past else ""
+        raise ValueError(
+            f"{name}: expected at most max_len = {max_len} tokens{cached}, got shape "
+            f"{tuple(ids.shape)}"
+        )
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        bad = ids[(ids < 0) | (ids >= vocab_size)][0].item()
+        raise ValueError(
+            f"{name}: token id {bad} is outside the vocabulary [0, {vocab_size})"
+        )
+
+
+def keep_mask(name: str, keep, shape: tuple[int, int]) -> None:
+    """A bool (B, S) mask over tokens, True = real token."""
+    if not isinstance(keep, Tensor) or keep.dtype != torch.bool:
+        got = keep.dtype if isinstance(keep, Tensor) else type(keep).__name__
+        raise TypeError(f"{name}: expected a bool tensor (True = real token), got {got}")
+    if tuple(keep.shape) != tuple(shape):
+        raise ValueError(
+            f"{name}: expected shape (B, S) = {tuple(shape)} (every token so far), "
+            f"got {tuple(keep.shape)}"
+        )
+
+
+def positions(pos, n: int, *, allow_negative: bool = False) -> None:
+    """Integer positions (T,) or (B, T) with T = ``n``."""
+    if not isinstance(pos, Tensor):
+        raise TypeError(
+            f"positions: expected an integer torch.Tensor, got {type(pos).__name__}"
+        )
+    if pos.dtype.is_floating_point or pos.dtype == torch.bool:
+        raise TypeError(f"positions: expected integer indices, got dtype {pos.dtype}")
+    if pos.dim() not in (1, 2) or pos.shape[-1] != n:
+        raise ValueError(
+            f"positions: expected shape (T,) or (B, T) with T = {n}, "
+            f"got {tuple(pos.shape)}"
+        )
+    if not allow_negative and (pos < 0).any():
+        raise ValueError("positions: expected indices >= 0, got a negative one")

@@ -1,0 +1,163 @@
+"""One Transformer layer, used by every model in the library.
+
+A layer is self-attention, optionally cross-attention to an encoder's output, and a
+position-wise feed-forward network, each sub-layer wrapped in a residual connection
+and a LayerNorm: after the residual sum (post-LN, the 2017 paper and BERT) or before
+the sub-layer (pre-LN, GPT-2 and most models since). The encoder, the decoder, the
+decoder-only LM (``model.py``) and the real MiniLM encoder (``pretrained.py``) are all
+stacks of this one class; ``interop.py`` copies PyTorch's and Hugging Face's weights
+into it.
+
+Derived in chapter 6 ("The full Transformer"). Shape letters: B batch, T length of
+``x``, S length of ``memory``, D d_model, H heads. Masks are bool, True = may attend.
+
+Sources:
+    Vaswani et al. 2017, "Attention Is All You Need", sections 3.1 (layers, residual
+    connections, LayerNorm) and 3.3 (feed-forward, equation (2)).
+    Xiong et al. 2020, "On Layer Normalization in the Transformer Architecture"
+    (pre-LN); Radford et al. 2019 (GPT-2, pre-LN with GELU).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer_course import _validation
+from transformer_course.attention import KVCacheLike, MultiHeadAttention
+from transformer_course.positional import RotaryEmbedding
+
+Tensor = torch.Tensor
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}  # the paper's ReLU; GELU (BERT, GPT-2)
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward network FFN(x) = W_2 act(W_1 x + b_1) + b_2.
+
+    Args: d_model D, hidden width d_ff, dropout on the hidden layer, activation
+    ("relu" or "gelu", the exact erf form). Shapes: (..., D) -> (..., D).
+
+    Source: Vaswani et al. 2017, section 3.3, equation (2).
+    """
+
+    def __init__(
+        self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu"
+    ):
+        super().__init__()
+        _validation.one_of("activation", activation, ACTIVATIONS)
+        self.linear1 = nn.Linear(d_model, d_ff)  # W_1, b_1
+        self.linear2 = nn.Linear(d_ff, d_model)  # W_2, b_2
+        self.dropout = nn.Dropout(dropout)
+        self.activation = ACTIVATIONS[activation]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))
+
+
+class TransformerLayer(nn.Module):
+    """Self-attention, optional cross-attention, feed-forward; residuals and LayerNorm.
+
+    Args:
+        d_model, n_heads, d_ff: sizes D, H and the feed-forward width.
+        dropout: on each sub-layer's output and on the attention weights.
+        cross_attention: add a sub-layer attending to ``memory`` (a decoder layer).
+        norm_first: pre-LN (True) or post-LN (False).
+        activation: "relu" or "gelu". backend: an ``ATTENTION_BACKENDS`` name.
+        eps: LayerNorm epsilon. n_kv_heads: grouped-query self-attention.
+        rotary: a ``RotaryEmbedding`` for the self-attention (``positional="rope"``).
+
+    ``forward(x, mask=None, *, memory=None, memory_mask=None, bias=None, cache=None,
+    positions=None, head_mask=None)``: x (B, T, D); ``mask`` bool broadcastable to
+    (B, H, T, S_past + T) for the self-attention (causal, padding); ``bias`` float
+    offsets of the self-attention scores (ALiBi); ``cache`` a KV cache and
+    ``positions`` (T,) or (B, T) for rotary; ``head_mask`` gates (H,) or (B, H) of the
+    self-attention heads; ``memory`` (B, S, D) and ``memory_mask`` broadcastable to
+    (B, H, T, S) for the cross-attention. Returns (B, T, D). The last weights are kept
+    in ``self_attn_weights`` (B, H, T, S_past + T) and ``cross_attn_weights``
+    (B, H, T, S).
+
+    Raises:
+        ValueError: ``memory`` missing for a cross-attention layer, or given to a
+            layer without one; as ``MultiHeadAttention`` for bad shapes.
+
+    Equals ``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer``
+    (``batch_first=True``) with the same weights (``interop.load_torch_layer``), for
+    both ``norm_first`` settings. Source: Vaswani et al. 2017, section 3.1.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        dropout: float = 0.0,
+        *,
+        cross_attention: bool = False,
+        norm_first: bool = True,
+        activation: str = "relu",
+        backend: str = "naive",
+        eps: float = 1e-5,
+        n_kv_heads: int | None = None,
+        rotary: RotaryEmbedding | None = None,
+    ):
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(
+            d_model, n_heads, n_kv_heads=n_kv_heads, dropout=dropout,
+            backend=backend, rotary=rotary,
+        )
+        self.self_attn_norm = nn.LayerNorm(d_model, eps=eps)
+        self.cross_attn = self.cross_attn_norm = None
+        if cross_attention:
+            self.cross_attn = MultiHeadAttention(
+                d_model, n_heads, dropout=dropout, backend=backend
+            )
+            self.cross_attn_norm = nn.LayerNorm(d_model, eps=eps)
+        self.ff = FeedForward(d_model, d_ff, dropout, activation)
+        self.ff_norm = nn.LayerNorm(d_model, eps=eps)
+        self.dropout = nn.Dropout(dropout)  # on each sub-layer's output
+        self.self_attn_weights: Tensor | None = None
+        self.cross_attn_weights: Tensor | None = None
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        *,
+        memory: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        bias: Tensor | None = None,
+        cache: KVCacheLike | None = None,
+        positions: Tensor | None = None,
+        head_mask: Tensor | None = None,
+    ) -> Tensor:
+        if (memory is None) != (self.cross_attn is None):
+            raise ValueError(
+                "memory: expected (B, S, D) exactly when the layer has cross-attention "
+                f"(cross_attention={self.cross_attn is not None}), got "
+                f"{None if memory is None else tuple(memory.shape)}"
+            )
+        self_kw = {"bias": bias, "cache": cache, "positions": positions,
+                   "head_mask": head_mask}
+        if self.norm_first:  # pre-LN: x + f(LN(x))
+            x = x + self.dropout(self._self_attend(self.self_attn_norm(x), mask, self_kw))
+            if self.cross_attn is not None:
+                h = self.cross_attn_norm(x)
+                x = x + self.dropout(self._cross_attend(h, memory, memory_mask))
+            x = x + self.dropout(self.ff(self.ff_norm(x)))
+        else:  # post-LN: LN(x + f(x))
+            x = self.self_attn_norm(x + self.dropout(self._self_attend(x, mask, self_kw)))
+            if self.cross_attn is not None:
+                h = self._cross_attend(x, memory, memory_mask)
+                x = self.cross_attn_norm(x + self.dropout(h))
+            x = self.ff_norm(x + self.dropout(self.ff(x)))
+        return x  # (B, T, D)
+
+    def _self_attend(self, h: Tensor, mask: Tensor | None, kw: dict) -> Tensor:
+        out, self.self_attn_weights = self.self_attn(h, h, h, mask, **kw)  # (B, T, D)
+        return out
+
+    def _cross_attend(self, h: Tensor, memory: Tensor, mask: Tensor | None) -> Tensor:
+        out, self.cross_attn_weights = self.cross_attn(h, memory, memory, mask)
+        return out  # (B, T, D)
