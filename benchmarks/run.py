@@ -30,7 +30,6 @@ import logging
 import math
 import os
 import platform
-import statistics
 import sys
 import time
 import warnings
@@ -39,6 +38,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from transformer_course.measure import best_time
 
 HERE = Path(__file__).resolve().parent
 
@@ -65,27 +66,10 @@ def machine(device: torch.device) -> dict:
     return info
 
 
-def timed(fn, device: torch.device, repeat: int = 5) -> float:
-    """Median seconds of ``fn()`` over ``repeat`` runs, after one warm-up run."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    with torch.no_grad():
-        fn()
-        sync()
-        times = []
-        for _ in range(repeat):
-            start = time.perf_counter()
-            fn()
-            sync()
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-# ---------------------------------------------------------------------- attention
-
-
 def bench_attention(lengths, device, d_k=64, n_heads=4, repeat=3) -> list[dict]:
     from transformer_course.attention import scaled_dot_product_attention
-    from transformer_course.efficient import peak_tensor_bytes, tiled_attention
+    from transformer_course.flash import tiled_attention
+    from transformer_course.measure import peak_tensor_bytes
 
     rows = []
     for t in lengths:
@@ -98,7 +82,7 @@ def bench_attention(lengths, device, d_k=64, n_heads=4, repeat=3) -> list[dict]:
         row = {"T": t}
         for name, fn in fns.items():
             row[f"{name}_bytes"] = peak_tensor_bytes(fn, device)
-            row[f"{name}_s"] = timed(fn, device, repeat)
+            row[f"{name}_s"] = best_time(fn, device, repeat)
         row["tiled/naive memory"] = row["tiled_bytes"] / row["naive_bytes"]
         row["sdpa/naive memory"] = row["sdpa_bytes"] / row["naive_bytes"]
         row["tiled/sdpa time"] = row["tiled_s"] / row["sdpa_s"]
@@ -110,16 +94,16 @@ def bench_attention(lengths, device, d_k=64, n_heads=4, repeat=3) -> list[dict]:
 
 def bench_sliding_window(lengths, window, device, repeat=3) -> list[dict]:
     from transformer_course.attention import scaled_dot_product_attention
-    from transformer_course.efficient import sliding_window_attention
+    from transformer_course.local import sliding_window_attention
     from transformer_course.masks import sliding_window_mask
 
     rows = []
     for t in lengths:
         q, k, v = (torch.randn(1, 4, t, 64, device=device) for _ in range(3))
         mask = sliding_window_mask(t, window, device=device)
-        banded = timed(partial(sliding_window_attention, q, k, v, window), device,
+        banded = best_time(partial(sliding_window_attention, q, k, v, window), device,
                        repeat)
-        masked = timed(partial(scaled_dot_product_attention, q, k, v, mask), device,
+        masked = best_time(partial(scaled_dot_product_attention, q, k, v, mask), device,
                        repeat)
         rows.append({"T": t, "window": window, "banded_s": banded,
                      "masked_full_s": masked, "banded/masked time": banded / masked})
@@ -137,7 +121,7 @@ def bench_sdpa_backends(t, device, compile_too=True, repeat=3) -> dict:
         name = backend.name.lower()
         try:
             with sdpa_kernel(backend):
-                out[f"sdpa_{name}_s"] = timed(
+                out[f"sdpa_{name}_s"] = best_time(
                     lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
                     device, repeat,
                 )
@@ -150,14 +134,14 @@ def bench_sdpa_backends(t, device, compile_too=True, repeat=3) -> dict:
         causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
         return torch.softmax(scores.masked_fill(~causal, float("-inf")), -1) @ v
 
-    out["eager_plain_s"] = timed(lambda: plain(q, k, v), device, repeat)
+    out["eager_plain_s"] = best_time(lambda: plain(q, k, v), device, repeat)
     if compile_too:
         try:
             start = time.perf_counter()
             compiled = torch.compile(plain)
             compiled(q, k, v)
             out["compile_first_call_s"] = time.perf_counter() - start
-            out["compiled_plain_s"] = timed(lambda: compiled(q, k, v), device, repeat)
+            out["compiled_plain_s"] = best_time(lambda: compiled(q, k, v), device, repeat)
         except Exception as err:  # noqa: BLE001 (no C++ compiler, platform, ...)
             out["compile_error"] = f"{type(err).__name__}: {str(err)[:120]}"
     print("sdpa backends:", out)
@@ -173,8 +157,8 @@ def bench_triton(t, device, repeat=10) -> dict:
     q, k, v = (torch.randn(4, 8, t, 64, device=device, dtype=torch.float16)
                for _ in range(3))
     flops = 4 * 4 * 8 * t * t * 64 / 2  # two matmuls, causal half
-    tri = timed(lambda: flash_attention(q, k, v, causal=True), device, repeat)
-    ref = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+    tri = best_time(lambda: flash_attention(q, k, v, causal=True), device, repeat)
+    ref = best_time(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
                 device, repeat)
     ours = flash_attention(q, k, v, causal=True).float()
     err = (ours - F.scaled_dot_product_attention(q, k, v, is_causal=True)).abs().max()
@@ -270,7 +254,7 @@ def bench_kv_cache(model, tok, lengths, device) -> list[dict]:
 
 
 def kv_bytes_table(cfg, n_kv_options) -> list[dict]:
-    from transformer_course.efficient import kv_cache_bytes_per_token
+    from transformer_course.measure import kv_cache_bytes_per_token
 
     d_k = cfg.d_model // cfg.n_heads
     rows = []
@@ -292,14 +276,14 @@ def state_bytes(model) -> int:
 
 
 def bench_int8(model, x_val, y_val, repeat=3) -> dict:
-    from transformer_course.efficient import dequantize_int8, quantize_int8
+    from transformer_course.quantize import dequantize_int8, quantize_int8
 
     cpu = torch.device("cpu")
     model = model.to(cpu).eval()
     x_val, y_val = x_val.to(cpu), y_val.to(cpu)
     rows = {"float32": {"bytes": state_bytes(model),
                         "loss": val_loss(model, x_val, y_val),
-                        "s": timed(lambda: model(x_val), cpu, repeat)}}
+                        "s": best_time(lambda: model(x_val), cpu, repeat)}}
     by_hand = copy.deepcopy(model)
     int8_bytes = fp32_bytes = 0
     with torch.no_grad():
@@ -331,7 +315,7 @@ def bench_int8(model, x_val, y_val, repeat=3) -> dict:
             q = copy.deepcopy(model)
             quantize_(q, config)
             rows[name] = {"bytes": state_bytes(q), "loss": val_loss(q, x_val, y_val),
-                          "s": timed(lambda q=q: q(x_val), cpu, repeat)}
+                          "s": best_time(lambda q=q: q(x_val), cpu, repeat)}
     except Exception as err:  # noqa: BLE001 (report, not hide, a torchao failure)
         rows["torchao error"] = f"{type(err).__name__}: {str(err)[:200]}"
     base = rows["float32"]

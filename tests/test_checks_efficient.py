@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from transformer_course.attention import repeat_kv
 from transformer_course.checks import (
     CheckError,
     check_online_softmax,
@@ -13,7 +14,6 @@ from transformer_course.checks import (
     check_repeat_kv,
     check_streaming_attention,
 )
-from transformer_course.attention import repeat_kv
 from transformer_course.flash import online_softmax
 from transformer_course.quantize import quantize_int8
 

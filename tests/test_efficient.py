@@ -13,9 +13,9 @@ from transformer_course.attention import (
 )
 from transformer_course.flash import online_softmax, tiled_attention
 from transformer_course.local import sliding_window_attention
+from transformer_course.masks import causal_mask, padding_mask, sliding_window_mask
 from transformer_course.measure import kv_cache_bytes_per_token, peak_tensor_bytes
 from transformer_course.quantize import dequantize_int8, quantize_int8
-from transformer_course.masks import causal_mask, padding_mask, sliding_window_mask
 
 param = pytest.mark.parametrize
 

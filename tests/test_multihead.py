@@ -366,3 +366,81 @@ def test_parameters_and_flops_do_not_depend_on_heads(n_heads):
     d_model, T = 48, 10
     expected = 2 * (4 * T * d_model * d_model + 2 * T * T * d_model)  # matmuls only
     assert counter.get_total_flops() == expected
+
+
+# ----------------------------------------------- score bias, head gates, pruning, rotary
+
+
+@param("backend", ["naive", "sdpa", "tiled"])
+def test_score_bias_is_added_before_the_softmax(backend):
+    from transformer_course.alibi import alibi_bias
+
+    mha = MultiHeadAttention(D, H, backend=backend).eval()
+    x = torch.randn(2, 6, D)
+    bias = alibi_bias(H, 6)  # (H, T, S)
+    mask = causal_mask(6)
+    out, _ = mha(x, x, x, mask, bias=bias)
+    q = mha.split_heads(mha.q_proj(x))  # (B, H, T, d_k)
+    k = mha.split_heads(mha.k_proj(x))
+    v = mha.split_heads(mha.v_proj(x))
+    scores = (q @ k.transpose(-2, -1)) / (D // H) ** 0.5 + bias  # (B, H, T, S)
+    w = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    ref = mha.out_proj(mha.merge_heads(w @ v))  # (B, T, D)
+    assert close(out, ref)
+    assert not close(mha(x, x, x, mask)[0], ref)  # known wrong: the bias dropped
+    with pytest.raises(TypeError, match="P4"):  # a float mask is still refused
+        mha(x, x, x, torch.zeros(6, 6), bias=bias)
+    with pytest.raises(ValueError, match="bias"):
+        mha(x, x, x, mask, bias=torch.zeros(3, 6, 6))
+
+
+def test_head_gates_of_one_change_nothing_and_zero_equals_pruning():
+    mha = MultiHeadAttention(D, H).eval()
+    x = torch.randn(2, 5, D)
+    full, w = mha(x, x, x)
+    ones, w_ones = mha(x, x, x, head_mask=torch.ones(H))
+    assert torch.equal(ones, full) and torch.equal(w_ones, w)
+    gates = torch.ones(H)
+    gates[2] = 0.0
+    gated, _ = mha(x, x, x, head_mask=gates)
+    pruned = MultiHeadAttention(D, H).eval()
+    pruned.load_state_dict(mha.state_dict())
+    pruned.prune_heads([2])
+    assert pruned.n_heads == H - 1
+    assert pruned.q_proj.weight.shape == ((H - 1) * (D // H), D)
+    assert pruned.out_proj.weight.shape == (D, (H - 1) * (D // H))
+    out, weights = pruned(x, x, x)
+    assert close(out, gated)
+    assert weights.shape == (2, H - 1, 5, 5)
+    assert torch.equal(weights[:, 2], w[:, 3])  # head 3 is now head 2
+    assert not close(out, full)  # known wrong: the head really mattered
+    per_item = torch.stack([gates, torch.ones(H)])  # (B, H): gate item 0 only
+    both, _ = mha(x, x, x, head_mask=per_item)
+    assert close(both[0], gated[0]) and close(both[1], full[1])
+    with pytest.raises(ValueError, match="head_mask"):
+        mha(x, x, x, head_mask=torch.ones(H + 1))
+    with pytest.raises(ValueError, match="heads"):
+        pruned.prune_heads(range(H - 1))
+
+
+def test_rotary_attention_under_a_cache_equals_the_full_pass(list_cache):
+    from transformer_course.positional import RotaryEmbedding
+
+    mha = MultiHeadAttention(D, H, rotary=RotaryEmbedding(D // H)).eval()
+    x = torch.randn(2, 7, D)
+    full, _ = mha(x, x, x, causal_mask(7))
+    cache = list_cache()
+    steps = [mha(x[:, :3], x[:, :3], x[:, :3], causal_mask(3), cache=cache)[0]]
+    for t in range(3, 7):
+        xt = x[:, t : t + 1]
+        steps.append(mha(xt, xt, xt, causal_mask(1, t + 1), cache=cache)[0])
+    assert close(torch.cat(steps, dim=1), full)
+    # known wrong (P16): every new token rotated as if it were at position 0
+    cache = list_cache()
+    mha(x[:, :3], x[:, :3], x[:, :3], causal_mask(3), cache=cache)
+    xt = x[:, 3:4]
+    bug, _ = mha(xt, xt, xt, causal_mask(1, 4), cache=cache, positions=torch.tensor([0]))
+    assert not close(bug, full[:, 3:4])
+    plain = MultiHeadAttention(D, H).eval()
+    plain.load_state_dict(mha.state_dict())
+    assert not close(plain(x, x, x, causal_mask(7))[0], full)  # rotary really rotates

@@ -15,8 +15,8 @@ from transformers.models.gptj import modeling_gptj as gptj
 from transformers.models.llama import modeling_llama as llama
 
 from transformer_course import checks
-from transformer_course.attention import scaled_dot_product_attention
 from transformer_course.alibi import alibi_bias, alibi_slopes
+from transformer_course.attention import scaled_dot_product_attention
 from transformer_course.masks import causal_mask
 from transformer_course.positional import (
     LearnedPositionalEmbedding,

@@ -72,22 +72,6 @@ def sync(device: torch.device):
         torch.cuda.synchronize()
 
 
-def timed(fn, device, repeat: int) -> float:
-    """Median seconds of ``fn()`` over ``repeat`` runs after two warm-up runs."""
-    for _ in range(2):
-        fn()
-    sync(device)
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
-
-
-# -- 1. device selection and attention on the device ------------------------------------
-
 def check_device(report: Report, device: torch.device):
     from transformer_course.attention import ATTENTION_BACKENDS
     from transformer_course.device import ENV_VAR, get_device
@@ -114,11 +98,6 @@ def check_device(report: Report, device: torch.device):
         ~mask, float("-inf")), dim=-1).nan_to_num(0.0) @ v
     tolerance = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
     backends = dict(ATTENTION_BACKENDS)
-    if importlib.util.find_spec("transformer_course.efficient"):
-        from transformer_course.efficient import tiled_attention
-
-        backends.setdefault("tiled", lambda q, k, v, mask=None: (
-            tiled_attention(q, k, v, mask), None))
     rows = []
     for name, fn in backends.items():
         for dtype, tol in tolerance.items():
@@ -214,6 +193,7 @@ def check_triton(report: Report, device: torch.device, *, lengths: list[int],
         report.line("transformer_course.triton_kernels does not exist yet: skipped")
         return
     from transformer_course import triton_kernels
+    from transformer_course.measure import best_time
 
     if not triton_kernels.is_available(device):
         report.line(f"Triton cannot run on {device} here: skipped")
@@ -242,14 +222,14 @@ def check_triton(report: Report, device: torch.device, *, lengths: list[int],
         B, H, d = 4, 16, 64
         q, k, v = (torch.randn(B, H, t, d, device=device, dtype=dtype) for _ in range(3))
         flops = 4 * B * H * t * t * d / 2  # two matmuls, causal half
-        ours = timed(partial(flash, q, k, v, causal=True), device, repeat)
-        ref = timed(partial(F.scaled_dot_product_attention, q, k, v, is_causal=True),
-                    device, repeat)
+        ours = best_time(partial(flash, q, k, v, causal=True), device, repeat)
+        ref = best_time(partial(F.scaled_dot_product_attention, q, k, v, is_causal=True),
+                         device, repeat)
         rows.append({"T": t, "B x H x d": f"{B} x {H} x {d}",
                      "triton ms": ours * 1e3, "sdpa ms": ref * 1e3,
                      "triton TFLOP/s": flops / ours / 1e12,
                      "sdpa TFLOP/s": flops / ref / 1e12, "triton / sdpa time": ours / ref})
-    report.line(f"causal forward, {str(dtype).removeprefix('torch.')}, median of {repeat}:")
+    report.line(f"causal forward, {str(dtype).removeprefix('torch.')}, fastest of {repeat}:")
     report.line("")
     report.table(rows)
 

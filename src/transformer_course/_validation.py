@@ -29,7 +29,9 @@ def positive_int(name: str, value, minimum: int = 1) -> None:
 def multiple(name: str, value: int, of_name: str, of: int) -> None:
     """``value`` a multiple of ``of`` (e.g. d_model of n_heads)."""
     if value % of:
-        raise ValueError(f"{name}: expected a multiple of {of_name} = {of}, got {value}")
+        raise ValueError(
+            f"{name}: expected a multiple of {of_name} = {of}, got {value}"
+        )
 
 
 def divisor(name: str, value: int, of_name: str, of: int) -> None:
@@ -55,7 +57,9 @@ def float_tensor(name: str, x, min_dim: int = 2) -> None:
     if not isinstance(x, Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     if not x.dtype.is_floating_point:
-        raise TypeError(f"{name}: expected a floating-point tensor, got dtype {x.dtype}")
+        raise TypeError(
+            f"{name}: expected a floating-point tensor, got dtype {x.dtype}"
+        )
     if x.dim() < min_dim:
         raise ValueError(
             f"{name}: expected at least {min_dim} dimensions (..., length, features), "
@@ -103,7 +107,9 @@ def bool_mask(mask, scores_shape: tuple[int, ...]) -> None:
     if mask is None:
         return
     if not isinstance(mask, Tensor):
-        raise TypeError(f"mask: expected a bool torch.Tensor, got {type(mask).__name__}")
+        raise TypeError(
+            f"mask: expected a bool torch.Tensor, got {type(mask).__name__}"
+        )
     if mask.dtype != torch.bool:
         raise TypeError(
             f"mask: expected a bool mask (True = may attend), got dtype {mask.dtype}. "
@@ -206,7 +212,9 @@ def keep_mask(name: str, keep, shape: tuple[int, int]) -> None:
     """A bool (B, S) mask over tokens, True = real token."""
     if not isinstance(keep, Tensor) or keep.dtype != torch.bool:
         got = keep.dtype if isinstance(keep, Tensor) else type(keep).__name__
-        raise TypeError(f"{name}: expected a bool tensor (True = real token), got {got}")
+        raise TypeError(
+            f"{name}: expected a bool tensor (True = real token), got {got}"
+        )
     if tuple(keep.shape) != tuple(shape):
         raise ValueError(
             f"{name}: expected shape (B, S) = {tuple(shape)} (every token so far), "

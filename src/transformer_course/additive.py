@@ -63,7 +63,9 @@ def additive_attention(
         )
     d_hidden = w_score.shape[-1]
     if w_score.dim() != 1:
-        raise ValueError(f"w_score: expected shape (d_hidden,), got {tuple(w_score.shape)}")
+        raise ValueError(
+            f"w_score: expected shape (d_hidden,), got {tuple(w_score.shape)}"
+        )
     if tuple(w_q.shape) != (d_hidden, q.shape[-1]):
         raise ValueError(
             f"w_q: expected shape (d_hidden, d_q) = {(d_hidden, q.shape[-1])}, "

@@ -5,7 +5,7 @@ chapters 4, 7 and 9. Shape letters: B batch, H query heads, H_kv key/value heads
 T query length, S key length, D d_model, d_k query/key size, d_v value size.
 
 Masks are bool with True = may attend (see ``masks.py``). A query whose keys are all
-masked gets an all-zero weight row and a zero output, never NaN, in forward and backward.
+masked gets an all-zero weight row and a zero output, never NaN (forward and backward).
 Float offsets of the scores (ALiBi, relative positions) go through ``bias``, never
 through the mask (pitfall P4).
 
@@ -56,7 +56,7 @@ def masked_softmax(scores: Tensor, mask: Tensor | None = None, dim: int = -1) ->
     return (exp / denom).to(scores.dtype)
 
 
-# ------------------------------------------------------------------ dot-product attention
+# -------------------------------------------------------------- dot-product attention
 
 
 def scaled_dot_product_attention(
@@ -119,7 +119,7 @@ def sdpa_attention(
     dropout_p: float = 0.0,
     scale: float | None = None,
 ) -> tuple[Tensor, None]:
-    """PyTorch's fused ``F.scaled_dot_product_attention`` behind this library's signature.
+    """PyTorch's fused ``F.scaled_dot_product_attention`` behind this signature.
 
     Same arguments, checks and mask convention as ``scaled_dot_product_attention``;
     the weights are not materialised (``None``). A query with no visible key gets a zero
@@ -161,7 +161,7 @@ ATTENTION_BACKENDS: dict[str, AttentionFn] = {
 }
 
 
-# ------------------------------------------------------------------ multi-head attention
+# --------------------------------------------------------------- multi-head attention
 
 
 def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
@@ -191,7 +191,7 @@ class KVCacheLike(Protocol):
 
 @torch.no_grad()
 def _keep_features(linear: nn.Linear, index: Tensor, dim: int) -> nn.Linear:
-    """A copy of ``linear`` keeping only output rows (dim 0) or input columns (dim 1)."""
+    """A copy of ``linear`` keeping output rows (dim 0) or input columns (dim 1)."""
     w = linear.weight.index_select(dim, index)
     new = nn.Linear(w.shape[1], w.shape[0], bias=linear.bias is not None)
     new = new.to(w.device, w.dtype)
@@ -206,7 +206,7 @@ class MultiHeadAttention(nn.Module):
 
     MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W^O, head_h = Attention(Q W^Q_h,
     K W^K_h, V W^V_h), d_k = d_v = d_model / H. The H matrices W^Q_h are one
-    ``nn.Linear`` whose output rows h*d_k:(h+1)*d_k belong to head h (likewise W^K, W^V).
+    ``nn.Linear`` whose output rows h*d_k:(h+1)*d_k belong to head h (so are W^K, W^V).
     With ``n_kv_heads`` < H, groups of H / n_kv_heads query heads share a key/value head
     (grouped-query attention; 1 = multi-query): W^K, W^V and a KV cache shrink by that
     factor, and each key/value head is repeated for its group (``repeat_kv``).
@@ -296,7 +296,7 @@ class MultiHeadAttention(nn.Module):
         positions: Tensor | None = None,
         need_weights: bool = True,
     ) -> tuple[Tensor, Tensor | None]:
-        """Attend from ``query`` (B, T, D) to ``key``/``value`` (B, S, D) (see above)."""
+        """Attend from ``query`` (B, T, D) to ``key``/``value`` (B, S, D)."""
         _validation.query_key_value(query, key, value, self.d_model)
         attend = self._backend_fn()
         q = self.split_heads(self.q_proj(query))  # (B, H, T, d_k)

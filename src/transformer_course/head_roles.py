@@ -78,7 +78,9 @@ def rank_heads(weights: Tensor, query: int, key: int, k: int = 3) -> list[tuple]
             raise ValueError(f"{name}: expected a position in [0, {S}), got {pos}")
     link = weights[:, :, query, key].reshape(-1)  # (L * H,)
     top = link.topk(min(k, L * H))
-    return [(int(i) // H, int(i) % H, float(w)) for w, i in zip(top.values, top.indices)]
+    return [
+        (int(i) // H, int(i) % H, float(w)) for w, i in zip(top.values, top.indices)
+    ]
 
 
 HEAD_ROLES = ("previous token", "next token", "[CLS]", "[SEP]", "rare token", "broad")

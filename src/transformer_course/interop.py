@@ -48,7 +48,9 @@ def load_torch_mha(ours: MultiHeadAttention, mha: nn.MultiheadAttention):
     theirs = (mha.embed_dim, mha.num_heads, mha.in_proj_bias is not None)
     mine = (ours.d_model, ours.n_heads, ours.q_proj.bias is not None)
     if theirs != mine:
-        raise ValueError(f"mha: expected (d_model, n_heads, bias) = {mine}, got {theirs}")
+        raise ValueError(
+            f"mha: expected (d_model, n_heads, bias) = {mine}, got {theirs}"
+        )
     grouped = ours.n_kv_heads != ours.n_heads
     if not mha._qkv_same_embed_dim or mha.bias_k is not None or grouped:
         raise ValueError(
@@ -89,7 +91,8 @@ def load_torch_layer(
     layer: nn.TransformerEncoderLayer | nn.TransformerDecoderLayer,
 ) -> TransformerLayer:
     """Copy a ``torch.nn.TransformerEncoderLayer`` (into a layer without
-    cross-attention) or ``TransformerDecoderLayer`` (into one with it). Returns ``ours``.
+    cross-attention) or ``TransformerDecoderLayer`` (into one with it); returns
+    ``ours``.
 
     PyTorch's names: ``self_attn``, ``multihead_attn`` (cross), ``linear1``,
     ``linear2``, and ``norm1``, ``norm2`` (, ``norm3``) in sub-layer order.

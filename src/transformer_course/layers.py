@@ -104,8 +104,12 @@ class TransformerLayer(nn.Module):
         super().__init__()
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(
-            d_model, n_heads, n_kv_heads=n_kv_heads, dropout=dropout,
-            backend=backend, rotary=rotary,
+            d_model,
+            n_heads,
+            n_kv_heads=n_kv_heads,
+            dropout=dropout,
+            backend=backend,
+            rotary=rotary,
         )
         self.self_attn_norm = nn.LayerNorm(d_model, eps=eps)
         self.cross_attn = self.cross_attn_norm = None
@@ -138,16 +142,24 @@ class TransformerLayer(nn.Module):
                 f"(cross_attention={self.cross_attn is not None}), got "
                 f"{None if memory is None else tuple(memory.shape)}"
             )
-        self_kw = {"bias": bias, "cache": cache, "positions": positions,
-                   "head_mask": head_mask}
+        self_kw = {
+            "bias": bias,
+            "cache": cache,
+            "positions": positions,
+            "head_mask": head_mask,
+        }
         if self.norm_first:  # pre-LN: x + f(LN(x))
-            x = x + self.dropout(self._self_attend(self.self_attn_norm(x), mask, self_kw))
+            x = x + self.dropout(
+                self._self_attend(self.self_attn_norm(x), mask, self_kw)
+            )
             if self.cross_attn is not None:
                 h = self.cross_attn_norm(x)
                 x = x + self.dropout(self._cross_attend(h, memory, memory_mask))
             x = x + self.dropout(self.ff(self.ff_norm(x)))
         else:  # post-LN: LN(x + f(x))
-            x = self.self_attn_norm(x + self.dropout(self._self_attend(x, mask, self_kw)))
+            x = self.self_attn_norm(
+                x + self.dropout(self._self_attend(x, mask, self_kw))
+            )
             if self.cross_attn is not None:
                 h = self._cross_attend(x, memory, memory_mask)
                 x = self.cross_attn_norm(x + self.dropout(h))

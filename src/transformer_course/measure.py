@@ -30,7 +30,7 @@ def _synchronize(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
-def best_time(fn, device=None, *, repeat: int = 5, warmup: int = 1) -> float:
+def best_time(fn, device=None, repeat: int = 5, *, warmup: int = 1) -> float:
     """Fastest of ``repeat`` calls of ``fn()``, in seconds, under ``torch.no_grad``.
 
     ``warmup`` calls come first and are not timed (caches, lazy initialisation,

@@ -10,9 +10,10 @@ and 7. Shape letters: B batch, S source length (or all tokens so far), T target 
 
 Positions (``TransformerConfig.positional``): "sinusoidal" (the paper) or "learned"
 vectors added to the token embeddings, "rope" (queries and keys rotated inside every
-self-attention) or "alibi" (a bias on every self-attention's scores). Positions always
-come from ``positional.position_ids``: offset by a KV cache, and counted over real
-tokens only when an ``attention_mask`` marks left padding.
+self-attention), "alibi" (a bias on every self-attention's scores) or "none" (no
+positions; chapter 4's baseline). Positions come from ``positional.position_ids``:
+offset by a KV cache, and counted over real tokens only when an ``attention_mask``
+marks left padding.
 
 Masks are bool with True = may attend. Token id ``cfg.pad_id`` is padding.
 
@@ -44,7 +45,7 @@ from transformer_course.positional import (
 )
 
 Tensor = torch.Tensor
-POSITIONAL = ("sinusoidal", "learned", "rope", "alibi")
+POSITIONAL = ("sinusoidal", "learned", "rope", "alibi", "none")
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class TransformerConfig:
     activation: str = "relu"  # "relu" (the paper) or "gelu" (GPT-2)
     backend: str = "naive"  # attention backend; "sdpa" is faster, gives no weights
     layer_norm_eps: float = 1e-5  # LayerNorm epsilon (PyTorch's default)
-    positional: str = "sinusoidal"  # or "learned", "rope", "alibi" (chapter 4)
+    positional: str = "sinusoidal"  # or "learned", "rope", "alibi", "none" (chapter 4)
 
     def __post_init__(self):
         _validation.multiple("d_model", self.d_model, "n_heads", self.n_heads)
@@ -111,9 +112,15 @@ def _layers(cfg: TransformerConfig, n: int, *, cross_attention: bool) -> nn.Modu
         rotary = RotaryEmbedding(cfg.d_model // cfg.n_heads)
     return nn.ModuleList(
         TransformerLayer(
-            cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout,
-            cross_attention=cross_attention, norm_first=cfg.norm_first,
-            activation=cfg.activation, backend=cfg.backend, eps=cfg.layer_norm_eps,
+            cfg.d_model,
+            cfg.n_heads,
+            cfg.d_ff,
+            cfg.dropout,
+            cross_attention=cross_attention,
+            norm_first=cfg.norm_first,
+            activation=cfg.activation,
+            backend=cfg.backend,
+            eps=cfg.layer_norm_eps,
             rotary=rotary,
         )
         for _ in range(n)
@@ -142,7 +149,9 @@ def _alibi(cfg: TransformerConfig, q_len: int, key_positions: Tensor) -> Tensor 
     """ALiBi's bias (H, T, S) or (B, H, T, S) for the last T of the S keys, or None."""
     if cfg.positional != "alibi":
         return None
-    return alibi_bias(cfg.n_heads, q_len, key_positions.shape[-1], positions=key_positions)
+    return alibi_bias(
+        cfg.n_heads, q_len, key_positions.shape[-1], positions=key_positions
+    )
 
 
 class Encoder(nn.Module):
@@ -174,9 +183,10 @@ class Decoder(nn.Module):
     output projection to vocabulary logits (tied to the embedding if
     ``tie_embeddings``).
 
-    ``forward(tgt, memory, src_mask, *, caches=None)``: tgt ids (B, T), memory (B, S, D),
-    src_mask (B, 1, 1, S); ``caches`` one ``KVCache`` per layer: then ``tgt`` holds only
-    the new tokens, placed after the cached ones. Returns logits (B, T, V).
+    ``forward(tgt, memory, src_mask, *, caches=None)``: tgt ids (B, T), memory
+    (B, S, D), src_mask (B, 1, 1, S); ``caches`` one ``KVCache`` per layer: then
+    ``tgt`` holds only the new tokens, placed after the cached ones. Returns logits
+    (B, T, V).
     """
 
     def __init__(self, cfg: TransformerConfig):
@@ -202,8 +212,13 @@ class Decoder(nn.Module):
         x = self.embed(tgt, positions)  # (B, T, D)
         for i, layer in enumerate(self.layers):
             x = layer(
-                x, tgt_mask, memory=memory, memory_mask=src_mask, bias=bias,
-                positions=positions, cache=None if caches is None else caches[i],
+                x,
+                tgt_mask,
+                memory=memory,
+                memory_mask=src_mask,
+                bias=bias,
+                positions=positions,
+                cache=None if caches is None else caches[i],
             )
         return self.out(self.norm(x))  # (B, T, V)
 
