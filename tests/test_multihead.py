@@ -339,21 +339,6 @@ def test_ch3_checks_reject_the_pitfalls(check_name, fn, words):
         getattr(checks, check_name)(fn)
 
 
-def test_chapter_3_solutions_pass(capsys):
-    from test_attention_ch2 import chapter_solutions
-
-    from transformer_course.checks import (
-        check_merge_heads,
-        check_multi_head_attention,
-        check_split_heads,
-    )
-
-    sol = chapter_solutions("03_multi_head")
-    assert check_split_heads(sol["split_heads"]) and check_merge_heads(sol["merge_heads"])
-    assert check_multi_head_attention(sol["multi_head"])
-    assert capsys.readouterr().out.count("passed") == 3
-
-
 @param("n_heads", [1, 4, 12])
 def test_parameters_and_flops_do_not_depend_on_heads(n_heads):
     from torch.utils.flop_counter import FlopCounterMode

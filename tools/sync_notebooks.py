@@ -82,6 +82,11 @@ def _directive(match: re.Match) -> str:
         return f"$$\n{body}\n$$"
     if name in ("figure", "image"):
         return f"![{options.get('alt', arg)}]({arg})\n\n{body}"
+    if name == "literalinclude":  # the book shows library source; a notebook points to it
+        what = options.get("pyobject", "the code")
+        path = arg.removeprefix("../")
+        return (f"*The book shows the library's source of `{what}` (`{path}`) here; "
+                "in a notebook, `inspect.getsource` prints it.*")
     if name in ("bibliography",):
         return "See the book's references page for the full bibliography."
     return body
