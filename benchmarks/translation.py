@@ -31,7 +31,7 @@ from pathlib import Path
 import sacrebleu
 import torch
 
-from transformer_course.data import batches, make_translation_data, pad_batch
+from transformer_course.data import batches, pad_batch
 from transformer_course.decoding import beam_search, greedy_decode
 from transformer_course.device import get_device, set_seed
 from transformer_course.model import (
@@ -45,6 +45,7 @@ from transformer_course.training import (
     noam_scheduler,
     translation_loss,
 )
+from transformer_course.translation_data import make_translation_data
 
 HERE = Path(__file__).resolve().parent
 

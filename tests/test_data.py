@@ -15,12 +15,14 @@ from transformer_course.data import (
     HFTokenizer,
     batches,
     load_shakespeare,
-    make_translation_data,
-    number_words,
     pad_batch,
-    split_numbers,
 )
 from transformer_course.masks import padding_mask
+from transformer_course.translation_data import (
+    make_translation_data,
+    number_words,
+    split_numbers,
+)
 
 param = pytest.mark.parametrize
 

@@ -121,9 +121,10 @@ def check_device(report: Report, device: torch.device):
 
 def check_training(report: Report, device: torch.device, *, steps: int, d_model: int,
                    n_layers: int, batch: int, block: int):
-    from transformer_course.data import CharTokenizer, number_words
+    from transformer_course.data import CharTokenizer
     from transformer_course.decoding import new_caches
     from transformer_course.model import DecoderOnlyLM, TransformerConfig
+    from transformer_course.translation_data import number_words
 
     report.section("Training the library's DecoderOnlyLM on the device")
     torch.manual_seed(0)

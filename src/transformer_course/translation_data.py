@@ -1,0 +1,157 @@
+"""The translation corpus of chapter 6: English number words -> German (or French).
+
+The words are generated with ``num2words``: real language, deterministic, learnable on a
+CPU in minutes, and German reorders units and tens ("forty-two" -> "zweiundvierzig").
+The numbers are split into train / validation / test *by value*, so no held-out number
+was seen in training. Tokenizers and batching are in ``data``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+from num2words import num2words
+
+from transformer_course.data import BOS_ID, EOS_ID, CharTokenizer, HFTokenizer
+
+
+
+@cache
+def _num2words(n: int, lang: str) -> str:
+    return num2words(n, lang=lang)
+
+
+def number_words(n: int, lang: str = "en") -> str:
+    """The number ``n`` (0 <= n < 1,000,000) written out in words, as ``num2words``
+    writes it, for ``lang`` "en", "de" or "fr".
+
+    ``num2words`` is slow (about 0.3 ms a number in German), so a number
+    n = 1000 a + b is assembled from two cached calls: the words of 1000 a, and the
+    words that follow "one thousand" in 1000 + b ("... and one", "..., nine hundred").
+    The tests check this equals ``num2words(n, lang=lang)``.
+
+    Raises:
+        ValueError: for an unknown language or n outside [0, 1,000,000).
+    """
+    if lang not in ("en", "de", "fr"):
+        raise ValueError(f"lang: expected 'en', 'de' or 'fr', got {lang!r}")
+    if not 0 <= n < 1_000_000:
+        raise ValueError(f"n: expected 0 <= n < 1,000,000, got {n}")
+    a, b = divmod(n, 1000)
+    if a == 0:
+        return _num2words(b, lang)
+    rest = _num2words(1000 + b, lang)[len(_num2words(1000, lang)) :] if b else ""
+    return _num2words(1000 * a, lang) + rest
+
+
+def split_numbers(
+    max_number: int = 100_000,
+    fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
+    seed: int = 0,
+) -> dict[str, list[int]]:
+    """Split the numbers 1 .. max_number - 1 into train / valid / test by value.
+
+    A seeded random permutation is cut by ``fractions``: every number lands in exactly
+    one split, so a held-out number was never seen in training. Zero is left out: it is
+    the only number spelled with "zero" / "null", a word no other number could teach.
+
+    Raises:
+        ValueError: for ``max_number`` < 3 or fractions that are not three positive
+            numbers summing to 1.
+    """
+    if max_number < 3:
+        raise ValueError(f"max_number: expected at least 3, got {max_number}")
+    if len(fractions) != 3 or min(fractions) <= 0 or abs(sum(fractions) - 1) > 1e-9:
+        raise ValueError(
+            f"fractions: expected three positive numbers summing to 1, got {fractions}"
+        )
+    perm = torch.randperm(max_number - 1, generator=torch.Generator().manual_seed(seed))
+    perm = perm + 1
+    n_train = int(fractions[0] * len(perm))
+    n_valid = int(fractions[1] * len(perm))
+    cuts = {
+        "train": perm[:n_train],
+        "valid": perm[n_train : n_train + n_valid],
+        "test": perm[n_train + n_valid :],
+    }
+    return {name: sorted(part.tolist()) for name, part in cuts.items()}
+
+
+@dataclass
+class TranslationData:
+    """The number-words corpus: texts, tokenizers and token ids for each split.
+
+    Attributes:
+        numbers, src_texts, tgt_texts: dicts split name -> list (same order).
+        src_tok, tgt_tok: the tokenizers, trained on (an evenly spaced sample of
+            about ``TOKENIZER_TEXTS``) training texts only.
+        src_ids, tgt_ids: dicts split name -> list of id lists. Target sequences are
+            ``[BOS] + tokens + [EOS]``; source sequences carry no special tokens.
+        max_len: the longest source or target sequence in any split.
+    """
+
+    numbers: dict[str, list[int]]
+    src_texts: dict[str, list[str]]
+    tgt_texts: dict[str, list[str]]
+    src_tok: CharTokenizer | HFTokenizer
+    tgt_tok: CharTokenizer | HFTokenizer
+    src_ids: dict[str, list[list[int]]]
+    tgt_ids: dict[str, list[list[int]]]
+    max_len: int
+
+
+def _make_tokenizer(kind: str, texts: list[str], vocab_size: int):
+    if kind == "char":
+        return CharTokenizer(texts)
+    if kind == "word":
+        return HFTokenizer.train_words(texts)
+    if kind == "bpe":
+        return HFTokenizer.train_bpe(texts, vocab_size)
+    raise ValueError(f"tokenizer: expected 'char', 'word' or 'bpe', got {kind!r}")
+
+
+TOKENIZER_TEXTS = 10_000  # tokenizers are trained on about this many training texts
+
+
+def make_translation_data(
+    max_number: int = 100_000,
+    *,
+    target_lang: str = "de",
+    src_tokenizer: str = "word",
+    tgt_tokenizer: str = "bpe",
+    tgt_vocab_size: int = 80,
+    seed: int = 0,
+) -> TranslationData:
+    """English number words -> ``target_lang`` number words, split by value.
+
+    Args:
+        max_number: the corpus holds 1 .. max_number - 1 (at most 1,000,000).
+        target_lang: "de" (default) or "fr".
+        src_tokenizer / tgt_tokenizer: "word", "bpe" or "char".
+        tgt_vocab_size: BPE vocabulary size (used for "bpe" only).
+        seed: seed of the split.
+
+    Returns:
+        A ``TranslationData``.
+    """
+    if target_lang not in ("de", "fr"):
+        raise ValueError(f"target_lang: expected 'de' or 'fr', got {target_lang!r}")
+    numbers = split_numbers(max_number, seed=seed)
+    src_texts = {k: [number_words(n, "en") for n in v] for k, v in numbers.items()}
+    tgt_texts = {
+        k: [number_words(n, target_lang) for n in v] for k, v in numbers.items()
+    }
+    every = max(1, len(numbers["train"]) // TOKENIZER_TEXTS)  # a sample is enough
+    src_tok = _make_tokenizer(src_tokenizer, src_texts["train"][::every], tgt_vocab_size)
+    tgt_tok = _make_tokenizer(tgt_tokenizer, tgt_texts["train"][::every], tgt_vocab_size)
+    src_ids = {k: src_tok.encode_batch(v) for k, v in src_texts.items()}
+    tgt_ids = {
+        k: [[BOS_ID, *ids, EOS_ID] for ids in tgt_tok.encode_batch(v)]
+        for k, v in tgt_texts.items()
+    }
+    max_len = max(len(s) for ids in (*src_ids.values(), *tgt_ids.values()) for s in ids)
+    return TranslationData(
+        numbers, src_texts, tgt_texts, src_tok, tgt_tok, src_ids, tgt_ids, max_len
+    )
