@@ -18,10 +18,10 @@ from transformer_course.model import DecoderOnlyLM, TransformerConfig, make_mode
 param = pytest.mark.parametrize
 
 
-def _model(norm_first=True):
+def _model(norm_first=True, positional="sinusoidal"):
     cfg = TransformerConfig(
         src_vocab_size=20, tgt_vocab_size=12, d_model=32, n_heads=4, d_ff=64,
-        dropout=0.0, max_len=16, norm_first=norm_first,
+        dropout=0.0, max_len=16, norm_first=norm_first, positional=positional,
     )
     torch.manual_seed(0)
     model = make_model(cfg).eval()
@@ -43,9 +43,13 @@ def test_kv_cache_appends_along_sequence_axis():
         cache.update(torch.randn(2, 3, 1, 6), torch.randn(2, 3, 1, 6))  # wrong d_k
 
 
-@param("norm_first", [False, True])
-def test_cached_logits_equal_uncached(norm_first):
-    model = _model(norm_first)
+@param(
+    "norm_first, positional",
+    [(False, "sinusoidal"), (True, "sinusoidal"), (True, "learned"), (True, "rope"),
+     (True, "alibi")],
+)
+def test_cached_logits_equal_uncached(norm_first, positional):
+    model = _model(norm_first, positional)
     src, tgt = torch.randint(4, 20, (2, 6)), torch.randint(3, 12, (2, 7))
     full = model(src, tgt)
     memory, mask = model.encode(src)

@@ -121,3 +121,23 @@ def test_cross_and_self_attention_weights_are_kept(tiny_config):
     assert layer.cross_attn_weights[..., 3].abs().max() == 0  # padding key
     w = layer.self_attn_weights[0, 0]
     assert torch.equal(w.triu(1), torch.zeros_like(w))  # causal
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned", "rope", "alibi"])
+def test_every_positional_kind_makes_the_model_order_aware(positional, tiny_config):
+    model = make_model(tiny_config(positional=positional)).eval()
+    src = torch.tensor([[5, 6, 7, 8]])
+    tgt = torch.tensor([[1, 9, 10]])
+    with torch.no_grad():
+        memory, _ = model.encode(src)
+        swapped, _ = model.encode(src[:, [1, 0, 2, 3]])
+    # a permuted source gives other encodings of the same tokens (known wrong: "none")
+    assert (memory[0, 0] - swapped[0, 1]).abs().max() > 1e-3
+    assert model(src, tgt).shape == (1, 3, tiny_config().tgt_vocab_size)
+    blind = make_model(tiny_config(positional="none")).eval()
+    with torch.no_grad():
+        a, _ = blind.encode(src)
+        b, _ = blind.encode(src[:, [1, 0, 2, 3]])
+    torch.testing.assert_close(a[0, 0], b[0, 1])  # no positions: order is invisible
+    with pytest.raises(ValueError, match="positional"):
+        tiny_config(positional="relative")
