@@ -93,11 +93,17 @@ def qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
         )
 
 
-def _broadcasts(shape, target) -> bool:
+def _broadcasts_to_scores(name: str, x: Tensor, scores_shape, examples: str) -> None:
+    """``x`` broadcasts to the scores (..., T, S) without growing them."""
     try:
-        return torch.broadcast_shapes(shape, target) == tuple(target)
+        ok = torch.broadcast_shapes(x.shape, scores_shape) == tuple(scores_shape)
     except RuntimeError:
-        return False
+        ok = False
+    if x.dim() > len(scores_shape) or not ok:
+        raise ValueError(
+            f"{name}: expected a shape that broadcasts to the scores (..., T, S) = "
+            f"{tuple(scores_shape)}, e.g. {examples}; got {tuple(x.shape)}"
+        )
 
 
 def bool_mask(mask, scores_shape: tuple[int, ...]) -> None:
@@ -117,12 +123,9 @@ def bool_mask(mask, scores_shape: tuple[int, ...]) -> None:
             "bool ones (pitfall P4); convert with `mask = float_mask == 0`, or pass "
             "a float score offset (ALiBi, relative positions) as `bias`."
         )
-    if mask.dim() > len(scores_shape) or not _broadcasts(mask.shape, scores_shape):
-        raise ValueError(
-            f"mask: expected a shape that broadcasts to the scores (..., T, S) = "
-            f"{tuple(scores_shape)}, e.g. (T, S), (B, 1, 1, S) or (B, H, T, S); "
-            f"got {tuple(mask.shape)}"
-        )
+    _broadcasts_to_scores(
+        "mask", mask, scores_shape, "(T, S), (B, 1, 1, S), (B, H, T, S)"
+    )
 
 
 def score_bias(bias, scores_shape: tuple[int, ...]) -> None:
@@ -136,12 +139,7 @@ def score_bias(bias, scores_shape: tuple[int, ...]) -> None:
             f"bias: expected a floating-point tensor added to the scores, got {got}; "
             "bool masks go through `mask`"
         )
-    if bias.dim() > len(scores_shape) or not _broadcasts(bias.shape, scores_shape):
-        raise ValueError(
-            f"bias: expected a shape that broadcasts to the scores (..., T, S) = "
-            f"{tuple(scores_shape)}, e.g. (H, T, S) or (B, H, T, S); "
-            f"got {tuple(bias.shape)}"
-        )
+    _broadcasts_to_scores("bias", bias, scores_shape, "(H, T, S) or (B, H, T, S)")
 
 
 def head_gates(head_mask, batch: int, n_heads: int) -> None:

@@ -20,6 +20,8 @@ Sources:
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -142,31 +144,29 @@ class TransformerLayer(nn.Module):
                 f"(cross_attention={self.cross_attn is not None}), got "
                 f"{None if memory is None else tuple(memory.shape)}"
             )
-        self_kw = {
-            "bias": bias,
-            "cache": cache,
-            "positions": positions,
-            "head_mask": head_mask,
-        }
+        attend_self = partial(  # the self-attention with this call's arguments
+            self._self_attend,
+            mask=mask,
+            bias=bias,
+            cache=cache,
+            positions=positions,
+            head_mask=head_mask,
+        )
+        drop, ln_self, ln_ff = self.dropout, self.self_attn_norm, self.ff_norm
+        ln_cross = self.cross_attn_norm
         if self.norm_first:  # pre-LN: x + f(LN(x))
-            x = x + self.dropout(
-                self._self_attend(self.self_attn_norm(x), mask, self_kw)
-            )
+            x = x + drop(attend_self(ln_self(x)))
             if self.cross_attn is not None:
-                h = self.cross_attn_norm(x)
-                x = x + self.dropout(self._cross_attend(h, memory, memory_mask))
-            x = x + self.dropout(self.ff(self.ff_norm(x)))
+                x = x + drop(self._cross_attend(ln_cross(x), memory, memory_mask))
+            x = x + drop(self.ff(ln_ff(x)))
         else:  # post-LN: LN(x + f(x))
-            x = self.self_attn_norm(
-                x + self.dropout(self._self_attend(x, mask, self_kw))
-            )
+            x = ln_self(x + drop(attend_self(x)))
             if self.cross_attn is not None:
-                h = self._cross_attend(x, memory, memory_mask)
-                x = self.cross_attn_norm(x + self.dropout(h))
-            x = self.ff_norm(x + self.dropout(self.ff(x)))
+                x = ln_cross(x + drop(self._cross_attend(x, memory, memory_mask)))
+            x = ln_ff(x + drop(self.ff(x)))
         return x  # (B, T, D)
 
-    def _self_attend(self, h: Tensor, mask: Tensor | None, kw: dict) -> Tensor:
+    def _self_attend(self, h: Tensor, mask: Tensor | None, **kw) -> Tensor:
         out, self.self_attn_weights = self.self_attn(h, h, h, mask, **kw)  # (B, T, D)
         return out
 

@@ -1,6 +1,6 @@
 """The FlashAttention forward pass as a Triton kernel.
 
-Derived in chapter 7 ("Making attention fast"), after ``efficient.tiled_attention``,
+Derived in chapter 7 ("Making attention fast"), after ``flash.tiled_attention``,
 which does the same computation in PyTorch. Each Triton program owns one block of
 BLOCK_M queries of one (batch, head) pair, keeps them in fast on-chip memory, streams
 the keys and values past them BLOCK_N at a time and keeps the running max ``m_i`` and
