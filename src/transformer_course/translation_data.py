@@ -17,7 +17,6 @@ from num2words import num2words
 from transformer_course.data import BOS_ID, EOS_ID, CharTokenizer, HFTokenizer
 
 
-
 @cache
 def _num2words(n: int, lang: str) -> str:
     return num2words(n, lang=lang)
