@@ -76,7 +76,7 @@ def server(site):
 @pytest.fixture(scope="module")
 def browser():
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (see .ci/run)")
+        pytest.fail(f"{CHROMIUM} is missing: run tools/ensure_browser.sh (make test does)")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
