@@ -1,6 +1,6 @@
 # Attention, Illustrated: build the book, run the tests.
 #   make book   create .venv if missing, build the site into _build/html (every chapter executed)
-#   make test   the same set-up, then every test (library, exercises, notebooks, built site, browser)
+#   make test   the same set-up (and chromium for the browser tests), then every test
 #   make serve  serve the built site on http://127.0.0.1:8000
 #   make bench  performance measurements (ratios, side by side) -> benchmarks/results.{md,json}
 
@@ -13,7 +13,8 @@ PORT ?= 8000
 # The book build pre-renders interactive views and runs chapters on the CPU unless told otherwise.
 export TRANSFORMER_COURSE_STATIC := 1
 
-.PHONY: book test test-lib serve notebooks lint clean assignments grade gpu-check bench
+.PHONY: book test test-lib serve notebooks lint clean assignments grade gpu-check bench \
+	browser-deps
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,7 +39,13 @@ notebooks: $(STAMP)
 test-lib: $(STAMP)
 	$(PY) -m pytest -m "not site and not browser and not colab"
 
-test: book
+# The browser tests need Debian's chromium and DejaVu fonts: installed with apt-get when
+# missing and allowed (root or passwordless sudo), else one line says what to install.
+# It runs first, so a machine that cannot run the tests stops before the long build.
+browser-deps:
+	@bash tools/ensure_browser.sh
+
+test: browser-deps book
 	$(PY) -m pytest
 
 lint: $(STAMP)

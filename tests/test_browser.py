@@ -76,7 +76,7 @@ def server(site):
 @pytest.fixture(scope="module")
 def browser():
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (see .ci/run)")
+        pytest.fail(f"{CHROMIUM} is missing: run tools/ensure_browser.sh (make test does)")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -220,6 +220,73 @@ def math_problems(page, timeout: int = 30_000) -> list[str]:
     return problems
 
 
+_ICON_JS = """button => {
+  const box = el => el.getBoundingClientRect();
+  const shown = el => { const r = box(el), st = getComputedStyle(el);
+    return r.width >= 4 && r.height >= 4 && st.visibility !== 'hidden'
+      && st.display !== 'none' && parseFloat(st.opacity) > 0; };
+  const webFont = family => {  // a font the page loaded itself (@font-face), not a system font
+    const first = family.split(',')[0].trim().replace(/^["']|["']$/g, '');
+    return Array.from(document.fonts).some(f => f.status === 'loaded'
+      && f.family.replace(/^["']|["']$/g, '') === first);
+  };
+  const text = Array.from(button.childNodes).filter(n => n.nodeType === 3)
+    .map(n => n.textContent.trim()).join('');
+  const textFont = getComputedStyle(button).fontFamily;
+  if (text && !webFont(textFont)) return {problem: `shows the text ${JSON.stringify(text)}`
+    + ` in ${textFont}, not an icon from a font or image the site ships`};
+  for (const el of button.querySelectorAll('svg, img')) {
+    if (!shown(el)) continue;
+    if (el.tagName.toLowerCase() === 'img') {
+      const local = /^(data:|blob:)/.test(el.src) || new URL(el.src).host === location.host;
+      if (el.complete && el.naturalWidth > 0 && local) return {icon: 'img'};
+      continue;
+    }
+    const shapes = Array.from(el.querySelectorAll('path, rect, circle, polygon, use'))
+      .filter(s => { const b = s.getBBox(); return b.width * b.height > 0
+        && getComputedStyle(s).fill !== 'none'; });
+    if (shapes.length) return {icon: 'svg', clip: box(el).toJSON()};
+  }
+  for (const el of button.querySelectorAll('*')) {
+    const before = getComputedStyle(el, '::before');
+    if (before.content && !['none', 'normal', '""'].includes(before.content)
+        && webFont(before.fontFamily) && shown(el)) return {icon: 'font', clip: box(el).toJSON()};
+  }
+  return {problem: 'no visible icon (svg, image or web-font glyph)'};
+}"""
+
+
+def _ink(page, clip) -> int:
+    """Pixels that differ from the most common colour in ``clip`` of a screenshot."""
+    import io
+
+    from PIL import Image
+
+    png = page.screenshot(clip={k: clip[k] for k in ("x", "y", "width", "height")})
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    counts = sorted(image.getcolors(image.width * image.height), reverse=True)
+    return sum(n for n, _ in counts[1:])
+
+
+def animation_control_problems(page) -> list[str]:
+    """Every animation control (play, pause, step, speed buttons) shows a visible icon
+    drawn from something the page itself has: an inline SVG with painted shapes, a
+    same-host or data: image, or a glyph of a web font the page loaded. A bare Unicode
+    symbol (U+23EE ...) fails: the site's fonts lack it and it shows as an empty box."""
+    problems = []
+    buttons = page.locator("div.anim-buttons button")
+    for i in range(buttons.count()):
+        button = buttons.nth(i)
+        name = button.get_attribute("title") or f"button {i}"
+        button.scroll_into_view_if_needed()
+        found = button.evaluate(_ICON_JS)
+        if "problem" in found:
+            problems.append(f"control {i} ({name}): {found['problem']}")
+        elif "clip" in found and _ink(page, found["clip"]) == 0:
+            problems.append(f"control {i} ({name}): its {found['icon']} icon is blank")
+    return problems
+
+
 # -- the site ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", [*PAGES, "search", "genindex"], ids=short)
@@ -311,3 +378,57 @@ def test_checks_reject_a_broken_page(browser):
     assert solution_problems(page) == ["solution 0: visible before clicking"]
     assert math_problems(page, timeout=500) == ["MathJax did not render any formula"]
     page.close()
+
+
+@pytest.mark.parametrize("name", CHAPTERS, ids=short)
+def test_every_animation_control_shows_an_icon(browser, server, name):
+    page = Visit(browser, f"{server}/{name}.html").page
+    count = page.locator("div.anim-buttons button").count()
+    problems = animation_control_problems(page)
+    page.close()
+    assert count, f"{short(name)} has no animation controls"
+    assert not problems, f"{short(name)}: {problems}"
+
+
+def test_animation_html_controls_show_icons(browser):
+    """The same check on a page holding only ``animation_html``'s output, as Jupyter or
+    Colab shows it (no site stylesheet, no web font)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.animation import FuncAnimation
+
+    from transformer_course.viz import animation_html
+
+    fig, ax = plt.subplots(figsize=(2, 2))
+    anim = FuncAnimation(fig, lambda i: ax.set_title(f"frame {i}"), frames=3)
+    html = f"<html lang='en'><body>{animation_html(anim).data}</body></html>"
+    visit = Visit(browser, html=html)
+    count = visit.page.locator("div.anim-buttons button").count()
+    problems = animation_control_problems(visit.page)
+    visit.page.close()
+    assert count == 9 and not problems, problems
+    assert not visit.outside and not visit.errors
+
+
+GLYPHS = """<html lang="en"><body><div class="anim-buttons">
+<button title="First frame">\u23ee</button>
+<button title="Play"><svg width="14" height="14" viewBox="0 0 16 16"></svg></button>
+<button title="Pause"><svg width="14" height="14" viewBox="0 0 16 16">
+ <path fill="currentColor" d="M3 2h4v12H3z" style="visibility: hidden"/></svg></button>
+<button title="Next frame"><i class="fa fa-step-forward"></i></button>
+<button title="Last frame"><svg width="14" height="14" viewBox="0 0 16 16">
+ <path fill="currentColor" d="M2 2v12l8-6z"/></svg></button>
+</div></body></html>"""
+
+
+def test_icon_check_rejects_glyphs_and_empty_icons(browser):
+    visit = Visit(browser, html=GLYPHS)
+    problems = animation_control_problems(visit.page)
+    visit.page.close()
+    assert len(problems) == 4, problems
+    assert problems[0].startswith("control 0 (First frame): shows the text")
+    assert problems[1] == "control 1 (Play): no visible icon (svg, image or web-font glyph)"
+    assert problems[2] == "control 2 (Pause): its svg icon is blank"
+    assert problems[3].startswith("control 3 (Next frame): no visible icon")

@@ -181,3 +181,60 @@ def test_cache_cannot_grow_past_max_len(tiny_config):
     lm(torch.randint(3, 12, (1, 6)), caches=caches)  # exactly max_len: fine
     with pytest.raises(ValueError, match="after 6 cached tokens"):
         lm(torch.tensor([[4]]), caches=caches)
+
+
+# -------------------------- filters that keep more than asked (issue 12, item 3)
+
+
+def _kept(logits, **kw):
+    return filter_logits(logits, **kw).isfinite()
+
+
+def test_filter_keeps_exactly_top_k_with_ties():
+    tied = torch.tensor([[1.0, 3.0, 3.0, 0.0]])
+    assert _kept(tied, top_k=1).tolist() == [[False, True, False, False]]  # argmax's
+    # many ties: integer logits in a small range
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randint(0, 3, (64, 10), generator=gen).float()
+    for k in range(1, 11):
+        kept = _kept(logits, top_k=k)
+        assert (kept.sum(-1) == k).all(), k
+        # the survivors are the k best, ties broken by the lower index like topk/argmax
+        order = logits.sort(dim=-1, descending=True, stable=True).indices[:, :k]
+        assert kept.gather(-1, order).all()
+    assert torch.equal(_kept(logits, top_k=1).float().argmax(-1), logits.argmax(-1))
+    # known wrong: "every logit >= the k-th value" keeps the ties (the old filter)
+    kth = logits.topk(1, dim=-1).values[:, -1:]
+    assert ((logits >= kth).sum(-1) > 1).any()
+
+
+@param("seed", range(20))
+def test_filter_top_k_one_sampling_is_greedy_for_any_seed(seed):
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randint(0, 2, (8, 6), generator=gen).float()  # ties in every row
+    probs = torch.softmax(filter_logits(logits, top_k=1), -1)
+    drawn = torch.multinomial(probs, 1, generator=gen)[:, 0]
+    assert torch.equal(drawn, logits.argmax(-1))
+
+
+@param("V", [3, 4, 5, 7, 10])
+def test_filter_nucleus_boundary_is_pinned(V):
+    logits = torch.zeros(1, V)  # V equal tokens, each of probability 1 / V
+    for j in range(1, V + 1):  # mass j / V is reached by exactly j tokens
+        assert _kept(logits, top_p=j / V).sum().item() == j, (V, j)
+    if V == 4:
+        kept = [_kept(logits, top_p=p).sum().item() for p in (0.25, 0.5, 0.75, 1.0)]
+        assert kept == [1, 2, 3, 4]
+    # just above a boundary needs one more token
+    assert _kept(logits, top_p=1 / V + 1e-3).sum().item() == 2
+
+
+def test_filter_top_k_then_top_p_and_bad_arguments():
+    logits = torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log()
+    # top_k=2 renormalises to 4/7, 3/7: top_p 0.5 keeps one, top_p 0.6 keeps two
+    assert _kept(logits, top_k=2, top_p=0.5).tolist() == [[True, False, False, False]]
+    assert _kept(logits, top_k=2, top_p=0.6).tolist() == [[True, True, False, False]]
+    with pytest.raises(ValueError, match="top_k"):
+        filter_logits(logits, top_k=0)
+    with pytest.raises(ValueError, match="top_p"):
+        filter_logits(logits, top_p=0.0)

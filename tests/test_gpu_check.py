@@ -44,6 +44,10 @@ def test_every_step_runs_on_the_cpu_and_writes_the_report(tmp_path):
     for title in ("Device selection", "Training the library's DecoderOnlyLM",
                   "Triton FlashAttention", "0 failed check(s)"):
         assert title in text
+    if importlib.util.find_spec("triton") is not None:  # every dtype the kernel promises
+        for dtype in ("float32", "float16", "bfloat16"):
+            for case in ("plain", "causal", "padding mask"):
+                assert f"- ok: {dtype} {case}:" in text, (dtype, case)
 
 
 def test_a_wrong_backend_is_reported(monkeypatch):

@@ -15,6 +15,7 @@ from transformer_course.checks import (
     check_teacher_forcing_loss,
 )
 from transformer_course.data import PAD_ID
+from transformer_course.decoding import beam_search, greedy_decode
 from transformer_course.model import TransformerConfig, make_model
 from transformer_course.training import (
     fit,
@@ -148,10 +149,161 @@ def test_fit_stops_on_divergence_and_evaluates():
         eval_every=2,
         progress=False,
     )
-    assert hist.diverged and hist.steps == 3
+    assert hist.diverged and hist.steps == 3 and hist.skipped_steps == [3]
     assert hist.evals == [(2, 1.0), (3, 1.0)]
     with pytest.raises(ValueError, match="clip_norm"):
         fit(model, data, nan_loss, opt, max_steps=1, clip_norm=0)
+
+
+# ------------- a training step with non-finite numbers (issue 12, item 1)
+
+
+class _Sqrt(nn.Module):
+    """One parameter p = 0: loss sqrt(p + x) is 0 but its gradient is +inf."""
+
+    def __init__(self):
+        super().__init__()
+        self.p = nn.Parameter(torch.zeros(1))
+
+
+def _sqrt_loss(model, x):
+    return torch.sqrt(model.p + x).sum()
+
+
+def test_nonfinite_gradient_step_is_skipped_and_weights_stay_finite():
+    model = _Sqrt()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hist = fit(model, lambda: [(torch.zeros(1),)], _sqrt_loss, opt, max_steps=1,
+               clip_norm=1.0, progress=False)
+    assert hist.loss == [0.0] and hist.grad_norm == [math.inf]
+    assert hist.skipped_steps == [1] and not hist.diverged
+    assert torch.equal(model.p.detach(), torch.zeros(1))  # the last finite weights
+    # known wrong: what fit did before, clip then step, writes NaN into the weight
+    wrong = _Sqrt()
+    _sqrt_loss(wrong, torch.zeros(1)).backward()
+    torch.nn.utils.clip_grad_norm_(wrong.parameters(), 1.0)
+    torch.optim.SGD(wrong.parameters(), lr=0.1).step()
+    assert wrong.p.isnan().all()
+
+
+@pytest.mark.parametrize("clip", [1.0, None])
+def test_nonfinite_steps_in_a_row_stop_training_and_finite_ones_resume(clip):
+    model = _Sqrt()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hist = fit(model, lambda: [(torch.zeros(1),)], _sqrt_loss, opt, max_steps=50,
+               clip_norm=clip, max_skipped=4, progress=False)
+    assert hist.diverged and hist.steps == 4 and hist.skipped_steps == [1, 2, 3, 4]
+    assert torch.isfinite(model.p).all()
+    # an infinite gradient on every third batch only: those steps are skipped and
+    # training goes on with the finite ones
+    xs = [torch.zeros(1) if i % 3 == 2 else torch.ones(1) for i in range(9)]
+    model = _Sqrt()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def loss(m, x):  # sqrt(p - p) adds 0 to the loss and +inf to the gradient
+        out = ((m.p - 3) ** 2).sum()
+        return out + torch.sqrt(m.p - m.p.detach()).sum() if x.item() == 0 else out
+
+    hist = fit(model, lambda: [(x,) for x in xs], loss, opt, max_steps=9,
+               clip_norm=clip, progress=False)
+    assert hist.skipped_steps == [3, 6, 9] and not hist.diverged
+    assert torch.isfinite(model.p).all() and model.p.item() != 0.0
+    with pytest.raises(ValueError, match="max_skipped"):
+        fit(model, lambda: [(xs[0],)], loss, opt, max_steps=1, max_skipped=0)
+
+
+def test_nonfinite_loss_is_never_applied():
+    model, data = _tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    snapshots = []
+
+    def loss_fn(model, src, tgt):
+        snapshots.append([p.detach().clone() for p in model.parameters()])
+        loss = translation_loss(model, src, tgt, make_criterion(0.0))
+        return loss * float("inf") if len(snapshots) == 3 else loss
+
+    hist = fit(model, data, loss_fn, opt, max_steps=10, progress=False)
+    assert hist.diverged and hist.steps == 3 and hist.skipped_steps == [3]
+    assert not torch.equal(snapshots[0][0], snapshots[2][0])  # steps 1-2 applied
+    for p, before in zip(model.parameters(), snapshots[2]):  # step 3 was not
+        assert torch.equal(p.detach(), before) and p.isfinite().all()
+
+
+# --------------------------- evaluation in training mode (issue 12, item 2)
+
+
+def test_evaluation_runs_in_eval_mode_and_training_resumes_in_train_mode():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    modes, grad_enabled = [], []
+
+    def loss_fn(m, x):
+        modes.append(m.training)
+        return m(x).pow(2).mean()
+
+    def eval_fn():
+        grad_enabled.append(torch.is_grad_enabled())
+        return float(model.training)
+
+    hist = fit(model, lambda: [(torch.randn(8, 4),)], loss_fn, opt, max_steps=2,
+               eval_every=1, eval_fn=eval_fn, progress=False)
+    assert hist.evals == [(1, 0.0), (2, 0.0)]
+    assert modes == [True, True] and grad_enabled == [False, False]
+    # known wrong: an eval_fn called as fit once called it sees dropout on
+    model.train()
+    assert float(model.training) == 1.0
+
+
+def test_evaluating_restores_each_submodule_mode_even_on_error():
+    from transformer_course.training import evaluating
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.BatchNorm1d(4))
+    model.train()
+    model[2].eval()  # a frozen BatchNorm stays frozen
+    with pytest.raises(RuntimeError, match="boom"), evaluating(model):
+        assert not any(m.training for m in model.modules())
+        raise RuntimeError("boom")
+    assert [m.training for m in model.modules()] == [True, True, True, False]
+
+
+def _dropout_model():
+    cfg = TransformerConfig(src_vocab_size=10, tgt_vocab_size=10, d_model=16,
+                            n_heads=2, d_ff=32, dropout=0.5, max_len=8)
+    torch.manual_seed(0)
+    return make_model(cfg)
+
+
+def _decoders():
+    from transformer_course import decoding
+
+    found = [(greedy_decode, {}), (beam_search, {"beam_size": 2})]
+    for name in ("sample", "generate"):  # decoder-only generation, whichever exists
+        if hasattr(decoding, name):
+            found.append((getattr(decoding, name), {"lm": True, "temperature": 0}))
+    return found
+
+
+@pytest.mark.parametrize("decode, kw", _decoders(), ids=lambda x: getattr(
+    x, "__name__", ""))
+def test_every_decoder_runs_in_eval_mode_and_restores_train_mode(decode, kw):
+    from transformer_course.model import DecoderOnlyLM
+
+    kw = dict(kw)
+    if kw.pop("lm", False):
+        cfg = TransformerConfig(tgt_vocab_size=10, d_model=16, n_heads=2, d_ff=32,
+                                dropout=0.5, max_len=8)
+        model, args = DecoderOnlyLM(cfg), (torch.tensor([[4, 5]]), 3)
+    else:
+        model, args = _dropout_model(), (torch.randint(4, 10, (2, 5)), 4)
+    seen = []
+    for module in model.modules():
+        module.register_forward_pre_hook(lambda m, a: seen.append(m.training))
+    model.train()
+    runs = [decode(model, *args, **kw) for _ in range(2)]
+    assert runs[0] == runs[1] if isinstance(runs[0], list) else torch.equal(*runs)
+    assert seen and not any(seen), "the decoder ran the model with dropout on"
+    assert all(m.training for m in model.modules()), "training mode was not restored"
 
 
 # ---------------------------------------------- chapter 6 exercise checks (checks.py)

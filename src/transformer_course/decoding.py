@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from transformer_course.data import BOS_ID, EOS_ID, PAD_ID
+from transformer_course.training import in_eval_mode
 
 Tensor = torch.Tensor
 
@@ -84,7 +85,7 @@ def _strip(row: list[int]) -> list[int]:
     return out
 
 
-@torch.no_grad()
+@in_eval_mode  # eval mode, no gradients; the model's mode is restored
 def greedy_decode(model, src: Tensor, max_len: int | None = None, *, use_cache=True):
     """Translate a batch by always taking the most likely next token.
 
@@ -98,7 +99,6 @@ def greedy_decode(model, src: Tensor, max_len: int | None = None, *, use_cache=T
     Returns:
         One list of token ids per source row, without BOS and EOS.
     """
-    model.eval()
     memory, src_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)
     B = src.shape[0]
     max_len = max_len or model.cfg.max_len - 1
@@ -121,7 +121,7 @@ def length_penalty_gnmt(length: Tensor, alpha: float) -> Tensor:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-@torch.no_grad()
+@in_eval_mode  # eval mode, no gradients; the model's mode is restored
 def beam_search(
     model,
     src: Tensor,
@@ -153,7 +153,6 @@ def beam_search(
         raise ValueError(f"beam_size: expected an int >= 1, got {beam_size!r}")
     if length_penalty < 0:
         raise ValueError(f"length_penalty: expected alpha >= 0, got {length_penalty}")
-    model.eval()
     B, K = src.shape[0], beam_size
     memory, src_mask = model.encode(src)  # (B, S, D)
     memory = memory.repeat_interleave(K, dim=0)  # (B*K, S, D)
@@ -188,7 +187,7 @@ def beam_search(
     return [_strip(tokens[r].tolist()) for r in rows]
 
 
-@torch.no_grad()
+@in_eval_mode  # eval mode, no gradients; the model's mode is restored
 def generate(
     model,
     ids: Tensor,
@@ -239,7 +238,6 @@ def generate(
         raise ValueError(f"top_p: expected a probability in (0, 1], got {top_p}")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens: expected >= 0, got {max_new_tokens}")
-    model.eval()
     B = ids.shape[0]
     keep = torch.ones_like(ids, dtype=torch.bool) if attention_mask is None else attention_mask
     done = torch.zeros(B, dtype=torch.bool, device=ids.device)  # rows past their EOS
@@ -269,15 +267,36 @@ def filter_logits(
 ) -> Tensor:
     """Set to -inf every logit outside the top k and outside the nucleus of mass top_p.
 
-    Shapes: (B, V) -> (B, V). The most likely token always survives.
+    Shapes: (B, V) -> (B, V). Tokens are ranked by logit, ties broken by the lower
+    index (as ``argmax`` breaks them), so exactly ``min(top_k, V)`` tokens survive
+    ``top_k`` and ``top_k=1`` keeps the ``argmax`` token: sampling then equals greedy
+    decoding. ``top_p`` keeps the smallest prefix of that ranking whose probability
+    reaches ``top_p`` (a token survives when the mass ranked before it is below
+    ``top_p``; sums within 1e-6 of ``top_p`` count as reaching it, so four equal
+    logits keep 1, 2, 3, 4 tokens for top_p = 0.25, 0.5, 0.75, 1). The most likely
+    token always survives.
+
+    Raises:
+        ValueError: for top_k < 1 or top_p outside (0, 1].
+
+    Sources: Fan et al. 2018 (top-k); Holtzman et al. 2020, section 3.1 (top-p).
     """
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_k is not None and (isinstance(top_k, bool) or int(top_k) != top_k
+                              or top_k < 1):
+        raise ValueError(f"top_k: expected an int >= 1, got {top_k!r}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p: expected a probability in (0, 1], got {top_p}")
+    # rank by logit, equal logits by index: a stable sort keeps the lower index first
+    sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)  # (B, V)
+    rank = torch.arange(logits.shape[-1], device=logits.device)  # (V,)
+    drop_sorted = torch.zeros_like(sorted_logits, dtype=torch.bool)  # (B, V)
+    if top_k is not None:
+        drop_sorted |= rank >= top_k
     if top_p is not None and top_p < 1:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V)
-        cum = F.softmax(sorted_logits, dim=-1).cumsum(-1)
-        drop_sorted = cum - F.softmax(sorted_logits, dim=-1) >= top_p  # mass before it
-        drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
+        kept = sorted_logits.masked_fill(drop_sorted, float("-inf"))
+        probs = F.softmax(kept.double(), dim=-1)  # (B, V)
+        mass_before = probs.cumsum(-1) - probs  # probability ranked before each token
+        drop_sorted |= mass_before >= top_p - 1e-6
+    drop_sorted[..., 0] = False  # the most likely token always survives
+    drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
+    return logits.masked_fill(drop, float("-inf"))

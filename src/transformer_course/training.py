@@ -9,14 +9,20 @@ V vocabulary.
   2016) through ``nn.CrossEntropyLoss(label_smoothing=..., ignore_index=pad_id)``, so
   padded positions add nothing.
 - ``fit``: AdamW steps with gradient clipping (Pascanu et al. 2013), a tqdm progress
-  bar, and a ``History`` of losses, learning rates and gradient norms.
+  bar, and a ``History`` of losses, learning rates and gradient norms. A step whose
+  loss or gradient is not finite is never applied (as PyTorch's ``GradScaler`` skips
+  such steps), and evaluation runs in eval mode.
+- ``evaluating`` / ``in_eval_mode``: run a block or a function in eval mode without
+  gradients, then give every submodule back the mode it had.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -73,20 +79,67 @@ def make_criterion(label_smoothing: float = 0.1, pad_id: int = PAD_ID) -> nn.Mod
     return nn.CrossEntropyLoss(label_smoothing=label_smoothing, ignore_index=pad_id)
 
 
+@contextmanager
+def evaluating(model: nn.Module) -> Iterator[nn.Module]:
+    """``with evaluating(model):`` runs the block with ``model`` in eval mode (dropout
+    off) and under ``torch.no_grad()``; afterwards every submodule is back in the mode
+    it had before (train or eval), also when the block raises.
+
+    Evaluating in train mode is a classic bug: dropout makes the validation loss noisy
+    and biased, and a decoder that calls ``model.eval()`` without restoring the mode
+    silently turns dropout off for the rest of training.
+    """
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield model
+    finally:
+        for module, mode in modes:
+            module.training = mode
+
+
+def in_eval_mode(fn: Callable) -> Callable:
+    """Decorator for ``fn(model, ...)``: the call runs inside ``evaluating(model)``
+    (used by every decoder in ``decoding``)."""
+
+    @functools.wraps(fn)
+    def wrapper(model, *args, **kwargs):
+        with evaluating(model):
+            return fn(model, *args, **kwargs)
+
+    return wrapper
+
+
 @dataclass
 class History:
-    """What ``fit`` measured: one entry per optimisation step, plus evaluations."""
+    """What ``fit`` measured: one entry per optimisation step, plus evaluations.
+
+    A step whose loss or gradient norm is not finite is counted (its loss and norm are
+    recorded) but not applied: its number is in ``skipped_steps`` and the weights keep
+    their last finite values.
+    """
 
     loss: list[float] = field(default_factory=list)
     lr: list[float] = field(default_factory=list)
     grad_norm: list[float] = field(default_factory=list)  # before clipping
     evals: list[tuple[int, float]] = field(default_factory=list)  # (step, value)
     seconds: float = 0.0
-    diverged: bool = False  # stopped because the loss became NaN or infinite
+    skipped_steps: list[int] = field(default_factory=list)  # not applied (1-based)
+    diverged: bool = False  # stopped: a non-finite loss, or too many skipped steps
 
     @property
     def steps(self) -> int:
         return len(self.loss)
+
+
+def _grad_norm(params: list[nn.Parameter]) -> Tensor:
+    """The global L2 norm of the gradients (as ``clip_grad_norm_`` computes it)."""
+    if not params:
+        return torch.zeros(())
+    norms = [torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float32)
+             for p in params]
+    return torch.linalg.vector_norm(torch.stack(norms))
 
 
 def fit(
@@ -101,10 +154,16 @@ def fit(
     max_seconds: float | None = None,
     eval_fn: Callable[[], float] | None = None,
     eval_every: int = 0,
+    max_skipped: int = 10,
     progress: bool = True,
     desc: str = "training",
 ) -> History:
     """Train ``model`` for ``max_steps`` optimisation steps.
+
+    Before every ``optimizer.step()`` the loss and the global gradient norm are
+    checked: if either is NaN or infinite, the step is not applied (nor the scheduler
+    stepped), so no parameter ever receives a non-finite value. Clipping cannot save
+    such a step: ``clip_grad_norm_`` scales an infinite gradient by 0, giving NaN.
 
     Args:
         batches: called with no argument for each pass over the data; yields batches
@@ -115,22 +174,29 @@ def fit(
         clip_norm: clip the global gradient norm to this value (None: no clipping).
         max_seconds: also stop when this wall-clock budget is spent.
         eval_fn / eval_every: call ``eval_fn()`` every ``eval_every`` steps (and at the
-            end) and record ``(step, value)`` in ``History.evals``.
+            end) and record ``(step, value)`` in ``History.evals``. It runs inside
+            ``evaluating(model)`` (eval mode, no gradients); training resumes in the
+            mode the model had.
+        max_skipped: stop (``diverged=True``) after this many consecutive steps with
+            a non-finite gradient.
         progress: show a tqdm bar with the running loss (a widget in Jupyter). In the
             book build (``static_mode()``) the bar is off: a live widget cannot be
             shown on the static site, and the cell prints its own summary.
 
     Returns:
         A ``History``. Training stops early, with ``diverged=True``, when the loss
-        becomes NaN or infinite.
+        becomes NaN or infinite (that step is not applied) or after ``max_skipped``
+        consecutive skipped steps; the model keeps its last finite weights.
 
     Raises:
-        ValueError: for ``max_steps`` < 1 or ``clip_norm`` <= 0.
+        ValueError: for ``max_steps`` < 1, ``clip_norm`` <= 0 or ``max_skipped`` < 1.
     """
     if max_steps < 1:
         raise ValueError(f"max_steps: expected >= 1, got {max_steps}")
     if clip_norm is not None and clip_norm <= 0:
         raise ValueError(f"clip_norm: expected > 0 or None, got {clip_norm}")
+    if max_skipped < 1:
+        raise ValueError(f"max_skipped: expected >= 1, got {max_skipped}")
     hist = History()
     start = time.perf_counter()
     bar = tqdm(
@@ -139,27 +205,45 @@ def fit(
         disable=not progress or static_mode(),
         mininterval=1.0,
     )
+
+    def evaluate() -> None:
+        with evaluating(model):
+            hist.evals.append((hist.steps, eval_fn()))
+
     model.train()
+    skipped_in_a_row = 0
     while hist.steps < max_steps and not hist.diverged:
         for batch in batches():
             loss = loss_fn(model, *batch)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            params = [p for p in model.parameters() if p.grad is not None]
-            norm = torch.nn.utils.clip_grad_norm_(params, clip_norm or math.inf)
             hist.lr.append(optimizer.param_groups[0]["lr"])
-            optimizer.step()
-            if scheduler is not None:
-                scheduler.step()
             hist.loss.append(loss.item())
-            hist.grad_norm.append(norm.item())
+            if math.isfinite(hist.loss[-1]):
+                loss.backward()
+                params = [p for p in model.parameters() if p.grad is not None]
+                norm = _grad_norm(params)
+                hist.grad_norm.append(norm.item())
+            else:  # the forward pass already broke: nothing to learn from this step
+                hist.grad_norm.append(math.nan)
+                hist.diverged = True
+            if math.isfinite(hist.grad_norm[-1]):
+                if clip_norm is not None:  # the same scaling as clip_grad_norm_
+                    coef = torch.clamp(clip_norm / (norm + 1e-6), max=1.0)
+                    for p in params:
+                        p.grad.detach().mul_(coef.to(p.grad.device, p.grad.dtype))
+                optimizer.step()
+                if scheduler is not None:
+                    scheduler.step()
+                skipped_in_a_row = 0
+            else:  # never step on NaN or inf: keep the last finite weights
+                optimizer.zero_grad(set_to_none=True)
+                hist.skipped_steps.append(hist.steps)
+                skipped_in_a_row += 1
+                hist.diverged = hist.diverged or skipped_in_a_row >= max_skipped
             bar.update(1)
             bar.set_postfix(loss=f"{hist.loss[-1]:.3f}", refresh=False)
-            if not math.isfinite(hist.loss[-1]):
-                hist.diverged = True
             if eval_fn is not None and eval_every and hist.steps % eval_every == 0:
-                hist.evals.append((hist.steps, eval_fn()))
-                model.train()
+                evaluate()
             out_of_time = max_seconds and time.perf_counter() - start > max_seconds
             if hist.steps >= max_steps or hist.diverged or out_of_time:
                 break
@@ -168,6 +252,6 @@ def fit(
     bar.close()
     hist.seconds = time.perf_counter() - start
     if eval_fn is not None and not (hist.evals and hist.evals[-1][0] == hist.steps):
-        hist.evals.append((hist.steps, eval_fn()))
+        evaluate()
     model.eval()
     return hist

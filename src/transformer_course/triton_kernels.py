@@ -138,7 +138,9 @@ def flash_attention(
 
     Returns:
         Output (B, H, T, d) in the dtype of ``q``. Accumulation is in float32; queries
-        with no visible key get zeros.
+        with no visible key get zeros. Under ``TRITON_INTERPRET=1``, bfloat16 inputs
+        are computed in float32 (the interpreter's ``tl.dot`` has no bfloat16) and the
+        output rounded to bfloat16.
 
     Raises:
         RuntimeError: if Triton is missing or cannot run on this device (no GPU and
@@ -191,6 +193,11 @@ def flash_attention(
             "before triton is first imported: restart the kernel and set it first)"
         )
     interp = interpreter_enabled()
+    dtype = q.dtype
+    if interp and dtype == torch.bfloat16:
+        # The interpreter runs tl.dot in NumPy, which has no bfloat16: it returns
+        # garbage (errors near 1e9). Compute in float32 and round the output once.
+        q, k, v = q.float(), k.float(), v.float()
     if interp not in _KERNELS:
         _KERNELS[interp] = _build_kernel()
     triton, kernel = _KERNELS[interp]
@@ -209,4 +216,4 @@ def flash_attention(
         BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=max(16, triton.next_power_of_2(d)),
     )
-    return out.view(b, h, t, d)  # (B, H, T, d)
+    return out.view(b, h, t, d).to(dtype)  # (B, H, T, d)

@@ -18,18 +18,26 @@ from matplotlib.animation import Animation, FuncAnimation
 from transformer_course.viz.plots import alt_text
 
 # to_jshtml() draws its buttons with Font Awesome 4 icons loaded from a CDN. The site
-# must make no outside request, so the stylesheet link is dropped and each icon becomes
-# a plain Unicode symbol.
+# must make no outside request, and Unicode symbols (U+23EE ...) are missing from the
+# site's fonts and common Linux fonts (they render as empty boxes), so each icon becomes
+# a small inline SVG: it shows wherever the HTML goes (the site, Jupyter, Colab) with no
+# font or file to load. Each button keeps its title and aria-label.
+_TRIANGLE_RIGHT, _TRIANGLE_LEFT = "M4 2v12l9-6z", "M12 2v12L3 8z"
+_PATHS = {
+    "fa fa-fast-backward": "M2 2h2v12H2zM9 2v12L4 8zM15 2v12L9 8z",
+    "fa fa-step-backward": "M3 2h2v12H3zM14 2v12L6 8z",
+    "fa fa-play fa-flip-horizontal": _TRIANGLE_LEFT,
+    "fa fa-pause": "M3 2h4v12H3zM9 2h4v12H9z",
+    "fa fa-play": _TRIANGLE_RIGHT,
+    "fa fa-step-forward": "M2 2v12l8-6zM11 2h2v12h-2z",
+    "fa fa-fast-forward": "M1 2v12l6-6zM7 2v12l5-6zM12 2h2v12h-2z",
+    "fa fa-minus": "M2 7h12v2H2z",
+    "fa fa-plus": "M2 7h12v2H2zM7 2h2v12H7z",
+}
 _ICONS = {
-    "fa fa-fast-backward": "\u23ee",
-    "fa fa-step-backward": "\u23f4\u258f",
-    "fa fa-play fa-flip-horizontal": "\u25c0",
-    "fa fa-pause": "\u23f8",
-    "fa fa-play": "\u25b6",
-    "fa fa-step-forward": "\u2595\u23f5",
-    "fa fa-fast-forward": "\u23ed",
-    "fa fa-minus": "\u2212",
-    "fa fa-plus": "+",
+    cls: '<svg class="tc-icon" width="14" height="14" viewBox="0 0 16 16" '
+    f'aria-hidden="true" focusable="false"><path fill="currentColor" d="{d}"/></svg>'
+    for cls, d in _PATHS.items()
 }
 _LINK = re.compile(r"<link[^>]*font-awesome[^>]*>", re.DOTALL)
 
@@ -58,8 +66,11 @@ def animation_html(
     html = anim.to_jshtml(default_mode=default_mode)
     plt.close(anim._fig)
     html = _LINK.sub("", html)
-    for cls, symbol in _ICONS.items():
-        html = html.replace(f'<i class="{cls}"></i>', symbol)
+    for cls, icon in _ICONS.items():
+        html = html.replace(f'<i class="{cls}"></i>', icon)
+    if "<i class=" in html:  # a matplotlib with other icons: fail loudly, not blank
+        raise RuntimeError("animation_html: to_jshtml() used an icon without an SVG "
+                           "here: add it to viz.animations._PATHS")
     if alt is None:
         alt = "Animation. " + alt_text(anim._fig)
     html = re.sub(r'<img id="(_anim_img\w+)">',

@@ -1,0 +1,71 @@
+"""Sphinx extension: chapters re-execute when the library they import changes.
+
+Jupyter Book's execution cache (``execute_notebooks: cache``, jupyter-cache) keys each
+chapter on its own code cells only. After an edit of ``src/transformer_course/`` an
+unchanged chapter would keep showing the outputs of the old library, and ``-W`` would
+not notice: the build would lie.
+
+This extension hashes every file of the ``transformer_course`` package that the
+chapters' kernels import (found as the kernel finds it: the same environment and
+``PYTHONPATH``) and keeps one execution cache per library version:
+``_build/.jupyter_cache/library-<hash>``. The hash is also a Sphinx config value
+(``course_library_hash``, rebuild "env"), so when the library changes Sphinx reads
+every page again and every chapter executes against the new, empty cache. With the
+library unchanged, the path and the value are the same as last time and a rebuild
+executes nothing. Caches of other library versions are deleted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import shutil
+from pathlib import Path
+
+from sphinx.util import logging
+
+PACKAGE = "transformer_course"
+LOGGER = logging.getLogger(__name__)
+
+
+def library_dir(srcdir: str | Path) -> Path | None:
+    """The folder of the package the chapters import, or None if it is not found."""
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    local = Path(srcdir) / "src" / PACKAGE
+    return local if local.is_dir() else None
+
+
+def library_hash(folder: Path | None) -> str:
+    """sha256 (first 16 hex digits) over the relative paths and contents of every file
+    in ``folder`` except Python's byte-code caches; "none" when there is no folder."""
+    if folder is None:
+        return "none"
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+            digest.update(path.relative_to(folder).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _per_library_cache(app, config) -> None:
+    folder = library_dir(app.srcdir)
+    value = library_hash(folder)
+    config.course_library_hash = value
+    base = Path(config.nb_execution_cache_path or Path(app.outdir).parent / ".jupyter_cache")
+    cache = base / f"library-{value}"
+    if base.is_dir():  # caches of other library versions can never be used again
+        for old in base.glob("library-*"):
+            if old != cache and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+    config.nb_execution_cache_path = str(cache)
+    LOGGER.info(f"{PACKAGE} {value} ({folder}): execution cache {cache}")
+
+
+def setup(app):
+    app.add_config_value("course_library_hash", "", "env")
+    # after myst-nb and Jupyter Book have set nb_execution_cache_path
+    app.connect("config-inited", _per_library_cache, priority=900)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
