@@ -12,7 +12,7 @@ from transformer_course.attention import (
     masked_softmax,
     scaled_dot_product_attention,
 )
-from transformer_course.checks import (
+from transformer_course.exercises import (
     CheckError,
     check_masked_attention,
     check_stable_softmax,
@@ -187,7 +187,7 @@ def _softmax_dim0(scores, mask=None):
 ])
 def test_stable_softmax_check_rejects(fn, words):
     with pytest.raises(CheckError, match=words):
-        check_stable_softmax(fn)
+        check_stable_softmax.strict(fn)
 
 
 def _att(scale=True, dim=-1, invert=False, guard=True):
@@ -213,7 +213,7 @@ def _att(scale=True, dim=-1, invert=False, guard=True):
 ])
 def test_masked_attention_check_rejects(fn, words):
     with pytest.raises(CheckError, match=words):
-        check_masked_attention(fn)
+        check_masked_attention.strict(fn)
 
 
 # ----------------------------------------------- the chapter's hidden solutions pass
@@ -250,4 +250,4 @@ def test_chapter_2_find_the_bug_code_is_rejected():
         return weights @ v, weights
 
     with pytest.raises(CheckError, match="P11"):
-        check_masked_attention(attention_buggy)
+        check_masked_attention.strict(attention_buggy)

@@ -46,7 +46,7 @@ WRONG = {
 # Each attack goes in front of the (unanswered) first stub; every answer stays a stub.
 ATTACKS = {
     # replaces every self-check in the learner's process by one that passes
-    "patch_checker": """import transformer_course.checks as _checks
+    "patch_checker": """import transformer_course.exercises as _checks
 for _name in dir(_checks):
     if _name.startswith("check_"):
         setattr(_checks, _name, lambda *args, **kwargs: True)

@@ -10,7 +10,7 @@ Each module holds one concept and is derived in one chapter of the book:
 - ``efficient``  tiled (FlashAttention-style), sliding-window, grouped-query (chapter 7)
 - ``pretrained`` the real all-MiniLM-L6-v2 weights in this library's encoder (chapters 1, 3)
 - ``viz``        figures, animations and interactive views used by every chapter
-- ``checks``     self-checks for the exercises
+- ``exercises``  self-checks for the exercises (one module per chapter, pitfalls)
 """
 
 from transformer_course import efficient as _efficient  # noqa: F401 (registers "tiled")
