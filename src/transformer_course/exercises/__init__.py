@@ -25,13 +25,16 @@ from transformer_course.exercises.ch01 import (
     check_soft_lookup,
 )
 from transformer_course.exercises.ch02 import (
+    check_attention_bthd,
     check_masked_attention,
     check_stable_softmax,
 )
 from transformer_course.exercises.ch03 import (
+    check_merge_folded_heads,
     check_merge_heads,
     check_multi_head_attention,
     check_split_heads,
+    check_split_qkv,
 )
 from transformer_course.exercises.ch04 import (
     check_new_token_positions,
@@ -62,6 +65,7 @@ from transformer_course.exercises.ch07 import (
 __all__ = [
     "CheckError",
     "ShapeError",
+    "check_attention_bthd",
     "check_attention_properties",
     "check_causal_leakage",
     "check_causal_mask",
@@ -71,6 +75,7 @@ __all__ = [
     "check_label_smoothed_loss",
     "check_mask_polarity",
     "check_masked_attention",
+    "check_merge_folded_heads",
     "check_merge_heads",
     "check_multi_head_attention",
     "check_new_token_positions",
@@ -85,6 +90,7 @@ __all__ = [
     "check_sinusoidal_encoding",
     "check_soft_lookup",
     "check_split_heads",
+    "check_split_qkv",
     "check_stable_softmax",
     "check_streaming_attention",
     "check_teacher_forcing_loss",
