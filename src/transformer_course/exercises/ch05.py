@@ -1,4 +1,5 @@
-"""Chapter 5, masks: property checks for any attention function, causal and padding masks."""
+"""Chapter 5, masks: attention checked against a reference and four properties, the
+causal mask for a KV cache, the padding mask and a decoder's combined mask."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from transformer_course.exercises import pitfalls
 from transformer_course.exercises._common import (
     Tensor,
     check_close,
@@ -15,165 +17,81 @@ from transformer_course.exercises._common import (
     first_output,
     passed,
 )
+from transformer_course.exercises._properties import (
+    _qkv4,
+    check_causal_leakage,
+    check_fully_masked_rows,
+    check_mask_polarity,
+    check_padding_invariance,
+)
+
+_REFERENCE_MISTAKES = (
+    (pitfalls.attention_unscaled,
+     "the output is softmax(q k^T) v without the 1/sqrt(d_k) scale (pitfall P12)",
+     "the scores need one more factor before the softmax (chapter 2)."),
+    (pitfalls.attention_softmax_over_queries,
+     "the softmax ran over the queries (dim=-2), not over the keys (pitfall P11)",
+     "each query's weights must sum to 1 over the keys: the last axis."),
+    (pitfalls.attention_ignores_qk,
+     "the output is a plain average of the visible values: q and k are not used",
+     "the weights come from the softmax of the scaled scores q k^T."),
+    (pitfalls.attention_scaled_by_d_k,
+     "the scores were divided by d_k instead of sqrt(d_k)",
+     "the variance of q . k is d_k: divide by its standard deviation."),
+)
 
 
-def _qkv4(gen: torch.Generator, b: int, h: int, t: int, s: int, d: int):
-    return tuple(torch.randn(b, h, n, d, generator=gen) for n in (t, s, s))
+def _compare_with_reference(fn, name: str, masked: bool) -> None:
+    """fn on inputs with B, H, T, S, d all different, against the library."""
+    from transformer_course.attention import scaled_dot_product_attention
+    from transformer_course.masks import causal_mask, combine_masks
 
-
-@exercise_check
-def check_causal_leakage(fn: Callable[..., Tensor], *, name: str = "fn") -> bool:
-    """Property check: with a causal mask, changing the tokens after position t must not
-    change any output at or before t.
-
-    ``fn(q, k, v, mask)`` takes q, k, v (B, H, T, d) and a bool (T, T) mask (True = may
-    attend) and returns the output (B, H, T, d) or a tuple ``(out, weights)``.
-
-    Raises:
-        CheckError: naming the output position that changed, by how much, and which
-            future positions were changed.
-    """
-    from transformer_course.masks import causal_mask
-
-    gen = torch.Generator().manual_seed(50)
-    t = 6
-    q, k, v = _qkv4(gen, 2, 2, t, t, 8)
-    mask = causal_mask(t)
-    base = first_output(fn(q, k, v, mask))
-    for cut in range(t - 1):
-        q2, k2, v2 = (x.clone() for x in (q, k, v))
-        for x in (q2, k2, v2):
-            x[..., cut + 1:, :] = torch.randn(x[..., cut + 1:, :].shape, generator=gen)
-        out = first_output(fn(q2, k2, v2, mask))
-        diff = (out[..., : cut + 1, :] - base[..., : cut + 1, :]).abs().amax(dim=(0, 1, 3))
-        if not torch.isfinite(diff).all() or (diff > 1e-5).any():
-            pos = int(torch.nonzero(~(diff <= 1e-5))[0])
-            fail(f"{name}: the output at position {pos} changed by "
-                  f"{diff[pos].item():.3g} when only positions {cut + 1}..{t - 1} "
-                  f"changed: the future leaked into position {pos}",
-                  "hide the masked keys before the softmax (scores = -inf where the "
-                  "mask is False); True means 'may attend'.")
-    return passed(f"{name}: no causal leakage (outputs at or before t ignore tokens "
-                   "after t)")
-
-
-@exercise_check
-def check_padding_invariance(fn: Callable[..., Tensor], *, name: str = "fn") -> bool:
-    """Property check: appending padding keys (hidden by a (B, 1, 1, S) padding mask)
-    must not change the outputs at the real positions, and must not produce NaN.
-
-    ``fn(q, k, v, mask)`` as in ``check_causal_leakage``; here the mask is (B, 1, 1, S).
-
-    Raises:
-        CheckError: naming the real position whose output changed and by how much.
-    """
-    gen = torch.Generator().manual_seed(51)
-    b, h, n, d = 2, 2, 4, 8
-    q, k, v = _qkv4(gen, b, h, n, n, d)
-    real_only = torch.ones(b, 1, 1, n, dtype=torch.bool)
-    base = first_output(fn(q, k, v, real_only))
-    for n_pad in (1, 3):
-        extra = [torch.randn(b, h, n_pad, d, generator=gen) * 5 for _ in range(3)]
-        qp, kp, vp = (torch.cat((x, e), dim=-2) for x, e in zip((q, k, v), extra))
-        mask = torch.ones(b, 1, 1, n + n_pad, dtype=torch.bool)
-        mask[..., n:] = False  # the appended keys are padding
-        out = first_output(fn(qp, kp, vp, mask))
-        if not torch.isfinite(out).all():
-            fail(f"{name}: NaN/inf in the output after appending {n_pad} padding "
-                  "key(s)",
-                  "no real query has all keys masked here; look for -inf - -inf or a "
-                  "division by zero.")
-        diff = (out[..., :n, :] - base).abs().amax(dim=(0, 1, 3))
-        if (diff > 1e-5).any():
-            pos = int(torch.nonzero(diff > 1e-5)[0])
-            fail(f"{name}: the output at real position {pos} changed by "
-                  f"{diff[pos].item():.3g} when {n_pad} masked padding key(s) were "
-                  "appended: padding leaked into real positions",
-                  "a (B, 1, 1, S) mask hides key columns; apply it to the scores "
-                  "before the softmax.")
-    return passed(f"{name}: padding invariance (appended padding changes nothing)")
-
-
-@exercise_check
-def check_mask_polarity(fn: Callable[..., Tensor], *, name: str = "fn") -> bool:
-    """Property check: True in the mask means "may attend". With one allowed key per
-    query, the output must be exactly that key's value.
-
-    Raises:
-        CheckError: saying whether the function attends where the mask is False
-            (inverted polarity, pitfall P3) or ignores the mask.
-    """
-    t = 3
-    q = torch.zeros(1, 1, t, 4)
-    k = torch.zeros(1, 1, t, 4)
-    v = torch.eye(t)[None, None]  # (1, 1, 3, 3): value j is the one-hot e_j
-    allowed = [2, 0, 1]
-    mask = torch.zeros(t, t, dtype=torch.bool)
-    mask[torch.arange(t), allowed] = True
-    out = first_output(fn(q, k, v, mask))[0, 0]  # (T, 3): row i = weights of query i
-    want = v[0, 0, allowed]
-    if torch.allclose(out, want, atol=1e-5):
-        return passed(f"{name}: mask polarity (True = may attend)")
-    if torch.allclose(out, (1 - want) / (t - 1), atol=1e-5):
-        fail(f"{name}: query 0 may attend only key 2, yet its output is "
-              f"{[round(x, 3) for x in out[0].tolist()]}: it attended to every key "
-              "except the allowed one. The mask polarity is inverted",
-              "here True = may attend; nn.MultiheadAttention uses True = blocked "
-              "(pitfall P3). Fill the scores where ~mask.")
-    if torch.allclose(out, torch.full_like(out, 1 / t), atol=1e-5):
-        fail(f"{name}: the mask had no effect: query 0 mixed all keys equally",
-              "apply the mask to the scores before the softmax.")
-    fail(f"{name}: query 0 may attend only key 2 and should output {want[0].tolist()}, "
-          f"got {[round(x, 3) for x in out[0].tolist()]}")
-
-
-@exercise_check
-def check_fully_masked_rows(fn: Callable[..., Tensor], *, name: str = "fn") -> bool:
-    """Property check (pitfalls P1, P6): a query whose keys are all masked gets a zero
-    output, never NaN, also in the gradients; the other batch items are unaffected.
-
-    Raises:
-        CheckError: naming NaN in the output or gradients, or a non-zero (uniform)
-            output for the fully masked item.
-    """
-    gen = torch.Generator().manual_seed(53)
-    q, k, v = (x.requires_grad_() for x in _qkv4(gen, 2, 1, 3, 3, 4))
-    mask = torch.ones(2, 1, 1, 3, dtype=torch.bool)
-    mask[1] = False  # item 1: every key is padding
+    gen = torch.Generator().manual_seed(54)
+    b, h, t, s, d = 2, 3, 4, 6, 5
+    q, k, v = _qkv4(gen, b, h, t, s, d)
+    mask = torch.ones(b, 1, 1, s, dtype=torch.bool)
+    if masked:
+        mask[0, ..., 4:] = False  # item 0: two padding keys
+        mask = combine_masks(mask, causal_mask(t, s))
     out = first_output(fn(q, k, v, mask))
-    if not torch.isfinite(out).all():
-        fail(f"{name}: a query whose keys are all masked gives NaN (pitfall P1)",
-              "softmax over only -inf is 0/0; make that row's weights exactly 0.")
-    if out[1].abs().max() > 1e-6:
-        fail(f"{name}: the item whose keys are all masked has output "
-              f"[{', '.join(f'{x:.3f}' for x in out[1, 0, 0].tolist())}] (row 0), "
-              "expected 0: "
-              "filling masked scores with a large finite number makes the row uniform "
-              "(pitfall P6)",
-              "use -inf and set rows with no visible key to 0 after the softmax.")
-    out[0].sum().backward()
-    for arg, x in (("q", q), ("k", k), ("v", v)):
-        if x.grad is not None and not torch.isfinite(x.grad).all():
-            fail(f"{name}: the gradient of {arg} has NaN although the loss uses only "
-                  "the unmasked item (pitfall P1: the NaN spreads through the batch)",
-                  "avoid exp(-inf - -inf); guard the division by the row sum.")
-    alone = first_output(fn(q[:1].detach(), k[:1].detach(), v[:1].detach(), mask[:1]))
-    check_close(out[:1].detach(), alone.detach(), name="output of the unmasked item")
-    return passed(f"{name}: fully masked rows give zeros, no NaN (output and gradients)")
+    ref = scaled_dot_product_attention(q, k, v, mask)[0]
+    check_shape(out, ref.shape, f"{name}'s output")
+    if torch.allclose(out.detach(), ref, atol=1e-5):
+        return
+    if not masked and (~torch.isfinite(out) | (out == 0)).all():
+        fail(f"{name}: with a mask that is all True (every key visible) the output "
+             "is 0 or NaN: the mask is inverted (pitfall P3)",
+             "here True means 'may attend', the opposite of nn.MultiheadAttention.")
+    q2 = q.clone()
+    q2[..., -1, :] += 1.0  # change only the last query
+    out2 = first_output(fn(q2, k, v, mask))
+    if not torch.allclose(out2[..., :-1, :], out[..., :-1, :], atol=1e-5):
+        fail(f"{name}: changing only the last query changed the outputs of the other "
+             "queries: the softmax normalised over the queries, not the keys "
+             "(pitfall P11)", "each query's weights must sum to 1 over the keys.")
+    for wrong, message, hint in _REFERENCE_MISTAKES:
+        if torch.allclose(out.detach(), wrong(q, k, v, mask)[0], atol=1e-5):
+            fail(f"{name}: {message}", hint)
+    check_close(out, ref, name=f"{name}'s output" + (" with a mask" if masked else ""))
 
 
 @exercise_check
 def check_attention_properties(fn: Callable[..., Tensor], *, name: str = "fn") -> bool:
-    """Run the four property checks on ``fn(q, k, v, mask)``: causal leakage, padding
-    invariance, mask polarity, fully masked rows (chapter 5, "find the bug").
+    """Chapter 5, "find the bug: masked attention": compare ``fn(q, k, v, mask)`` with
+    the library's attention on inputs whose sizes all differ, then run the four
+    property checks (mask polarity, causal leakage, padding invariance, fully masked
+    rows), then compare again under a causal and padding mask.
 
     Raises:
-        CheckError: from the first property that fails.
+        CheckError: naming a missing scale, a softmax over the queries, an output that
+            ignores q and k, or the first property that fails.
     """
-    for check in (check_causal_leakage, check_padding_invariance, check_mask_polarity,
+    _compare_with_reference(fn, name, masked=False)
+    for check in (check_mask_polarity, check_causal_leakage, check_padding_invariance,
                   check_fully_masked_rows):
         check.strict(fn, name=name)
-    return passed(f"{name}: all four mask properties hold")
+    _compare_with_reference(fn, name, masked=True)
+    return passed(f"{name}: matches the reference, and all four mask properties hold")
 
 
 # ------------------------------------------------------ chapter 5: masks (exercises)
@@ -206,7 +124,11 @@ def check_causal_mask(fn: Callable[[int, int], Tensor]) -> bool:
         if torch.equal(out, torch.tril(torch.ones(t, s, dtype=torch.bool), s - t - 1)):
             fail(f"fn({t}, {s}) hides the diagonal: a token may attend to itself",
                   "use <=, not <.")
-        if torch.equal(out, torch.tril(torch.ones(t, s, dtype=torch.bool))):
+        if t != s and torch.equal(out, pitfalls.causal_mask_wrong_offset(t, s)):
+            fail(f"fn({t}, {s}) hides keys the last queries must see: the diagonal "
+                 "offset points the wrong way",
+                 "with more keys than queries, query i may see more than i + 1 keys.")
+        if torch.equal(out, pitfalls.causal_mask_top_left(t, s)):
             fail(f"fn({t}, {s}) is aligned top-left: query 0 sees only key 0. With "
                   f"{s} keys and {t} queries (decoding with a cache) the queries are the "
                   f"last {t} tokens",
@@ -234,7 +156,8 @@ def check_padding_mask(fn: Callable[[Tensor, int], Tensor]) -> bool:
             fail(f"the mask has shape (B, 1, S, 1) = {tuple(out.shape)}: it hides padded "
                   "queries (rows), not padded keys (columns), so real tokens still "
                   "attend to padding (pitfall P5)",
-                  "index the singleton axes as [:, None, None, :] -> (B, 1, 1, S).")
+                  "padding is a property of the keys: the mask must vary along the "
+                  "last axis, the keys' axis.")
         check_shape(out, (b, 1, 1, s), "mask")
         if out.dtype != torch.bool:
             fail(f"the mask has dtype {out.dtype}, expected torch.bool")
@@ -244,3 +167,51 @@ def check_padding_mask(fn: Callable[[Tensor, int], Tensor]) -> bool:
                   "True = may attend, so True for real tokens: tokens != pad_id.")
         check_close(out.int(), ref.int(), name="mask")
     return passed("padding mask (B, 1, 1, S) hides padded keys")
+
+
+@exercise_check
+def check_decoder_mask(fn: Callable[[Tensor, int], Tensor]) -> bool:
+    """Chapter 5, exercise "find the bug: a decoder's mask": ``fn(tokens, pad_id)``
+    with integer tokens (B, T) must return the bool (B, 1, T, T) self-attention mask
+    of a decoder, True = may attend: query i sees key j when j <= i and token j is not
+    padding.
+
+    Raises:
+        ShapeError: for a wrong shape.
+        CheckError: naming padding on the query axis (pitfall P5), masks combined with
+            "or", a missing causal or padding part, or an inverted mask.
+    """
+    from transformer_course.masks import causal_mask, padding_mask
+
+    for tokens, pad in ((torch.tensor([[5, 7, 3, 0, 0]]), 0),
+                        (torch.tensor([[9, 9, 4, 1], [3, 1, 2, 6], [4, 8, 9, 9]]), 9)):
+        b, t = tokens.shape
+        out = fn(tokens, pad)
+        check_shape(out, (b, 1, t, t), "mask")
+        if out.dtype != torch.bool:
+            fail(f"the mask has dtype {out.dtype}, expected torch.bool",
+                 "combine bool masks with & (and), not with + or *.")
+        causal, keys = causal_mask(t), padding_mask(tokens, pad)
+        queries = (tokens != pad)[:, None, :, None]
+        ref = causal & keys
+        if torch.equal(out, ref):
+            continue
+        if torch.equal(out, ~ref):
+            fail("the mask is inverted: True marks what must be hidden",
+                 "True = may attend.")
+        for wrong, message in (
+                (causal & queries, ("the padding part varies along the queries (rows), "
+                 "so real tokens still attend to padded keys (pitfall P5)")),
+                (causal | queries, ("the two masks were combined with 'or', and the "
+                 "padding part varies along the queries (pitfall P5)")),
+                (causal | keys, ("the two masks were combined with 'or': a key is "
+                 "visible when either mask allows it")),
+                (causal.expand_as(ref), ("padded keys are visible: only the causal part "
+                 "is there")),
+                (keys.expand_as(ref), ("future keys are visible: only the padding part "
+                 "is there"))):
+            if torch.equal(out, wrong):
+                fail(message, "a key is visible only if it is in the past (or now) "
+                     "and it is a real token.")
+        check_close(out.int(), ref.int(), name="mask")
+    return passed("decoder mask: causal and padding combined, (B, 1, T, T)")
