@@ -107,8 +107,11 @@ def test_the_stub_is_reported_as_not_attempted(chapter, exercise):
 
 
 def test_public_test_reports_shapes_and_the_stub_only():
-    from transformer_course.exercises import check_masked_attention, public_test
-    from transformer_course.exercises import pitfalls
+    from transformer_course.exercises import (
+        check_masked_attention,
+        pitfalls,
+        public_test,
+    )
 
     def stub(q, k, v, mask=None):
         raise NotImplementedError
@@ -118,3 +121,28 @@ def test_public_test_reports_shapes_and_the_stub_only():
         public_test(check_masked_attention, stub)
     with pytest.raises(AssertionError, match="expected the tuple"):
         public_test(check_masked_attention, pitfalls.attention_out_only)
+
+
+BUGS = [(c, ex) for c, ex in CODING
+        if "bug" in ex.title.lower() and "\n    def " in ex.text]
+
+
+@pytest.mark.parametrize("chapter,exercise", BUGS, ids=[f"{c}-{ex.label}" for c, ex in BUGS])
+def test_the_buggy_code_of_a_find_the_bug_exercise_fails_its_check(chapter, exercise):
+    """The function printed in the exercise (an indented block) is rejected, with a
+    message and a hint rather than a traceback."""
+    code = "\n".join(line[4:] for line in exercise.text.splitlines()
+                     if line.startswith("    ") or not line.strip())
+    ns = _chapter_namespace(chapter, exercise)
+    before = set(ns)
+    exec(code.strip("\n"), ns)
+    buggy = [ns[name] for name in set(ns) - before if callable(ns[name])]
+    assert len(buggy) == 1, f"{exercise.label}: expected one function in {code!r}"
+    check = getattr(exercises, exercise.check)
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        try:
+            result = check(buggy[0], **exercise.kwargs)
+        except RuntimeError:  # the bug crashes in the learner's own code (chapter 1)
+            return
+    assert result is False
+    assert "✗" in printed.getvalue() and "Hint: " in printed.getvalue()

@@ -81,7 +81,7 @@ def check_dot_product_attention(
                 fail(
                     "each column of weights sums to 1: the softmax ran over the query "
                     "axis (dim=-2)",
-                    "normalise over the keys: softmax(..., dim=-1).",
+                    "normalise over the keys, the last axis.",
                 )
             fail(
                 "the weights of a query do not sum to 1 over the keys",

@@ -130,7 +130,7 @@ def _diagnose_attention(fn, q, k, v, w, ref_w, mask=None):
     """Name the mistake behind weights that differ from the reference."""
     sums = w.sum(-1)
     if not close(sums, torch.ones_like(sums)) and mask is None:
-        hint = "softmax(scores, dim=-1): the keys are the last axis."
+        hint = "each query's weights are normalised over the keys, the last axis."
         if close(w.sum(0), torch.ones_like(w[0])):
             fail("the weights of one query position sum to 1 across the batch: the "
                  "softmax ran over the batch axis (pitfall P11)", hint)
@@ -208,9 +208,8 @@ def check_attention_bthd(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
     (B, T, H, d_v), weights (B, H, T, S), scaled and masked as in the chapter.
 
     Raises:
-        ShapeError: for a result that is not ``(out, weights)``, attention across the
-            heads instead of the tokens, an output left as (B, H, T, d_v), or another
-            wrong shape.
+        ShapeError: for a result that is not ``(out, weights)``, an output left as
+            (B, H, T, d_v), or another wrong shape.
         CheckError: naming a missing scale (P12), the wrong softmax axis (P11), an
             inverted mask (P3), NaN (P1) or uniform (P6) rows, or the first wrong value.
     """
@@ -225,10 +224,6 @@ def check_attention_bthd(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
             kpm[1] = False  # item 1: nothing but padding
         bthd = [x.transpose(1, 2).contiguous() for x in (q, k, v)]
         out, w = out_and_weights(fn(*bthd, kpm) if padded else fn(*bthd))
-        if isinstance(w, Tensor) and tuple(w.shape) == (b, t, h, h):
-            fail("weights have shape (B, T, H, H): the scores compare heads with heads",
-                 "in this layout axis 1 holds the tokens: bring the heads in front "
-                 "of the tokens before q @ k^T.", kind=ShapeError)
         check_shape(w, (b, h, t, s), "weights")
         if isinstance(out, Tensor) and tuple(out.shape) == (b, h, t, dv) and h != t:
             fail("out has shape (B, H, T, d_v): the layout asked for is (B, T, H, d_v)",

@@ -91,14 +91,14 @@ def check_split_qkv(fn: Callable[[Tensor, int], tuple]) -> bool:
             fail("expected the tuple (q, k, v)", "return the three tensors.",
                  kind=ShapeError)
         parts = [p.contiguous() for p in qkv.split(d, dim=-1)]  # (B, T, D) each
-        per_head = qkv.view(b, t, h, 3 * (d // h)).split(d // h, dim=-1)
+        per_head = pitfalls.split_qkv_per_head(qkv, h)
         for name, got, part in zip("qkv", result, parts):
             if isinstance(got, Tensor) and tuple(got.shape) == (b, h, t, d // h):
                 for other, wrong in zip("qkv", parts):
                     if other != name and torch.equal(got, _split_reference(wrong, h)):
                         fail(f"your {name} holds the features of {other}",
                              "the fused features are [q | k | v], in that order.")
-                if torch.equal(got, per_head["qkv".index(name)].transpose(1, 2)):
+                if torch.equal(got, per_head["qkv".index(name)]):
                     fail(f"your {name} was cut out of each head's slice: the features "
                          "were read as [q_0 k_0 v_0 | q_1 k_1 v_1 | ...]",
                          "here the fused features are [all of q | all of k | all of "
@@ -165,7 +165,7 @@ def check_merge_folded_heads(fn: Callable[[Tensor, int], Tensor]) -> bool:
         ref = folded.view(b, h, t, dk).transpose(1, 2).reshape(b, t, d)
         if torch.equal(merged, ref):
             continue
-        if torch.equal(merged, folded.transpose(0, 1).reshape(b, t, d)):
+        if torch.equal(merged, pitfalls.merge_folded_heads_buggy(folded, h)):
             fail(f"with a batch of {b} the tokens of different batch items end up "
                  "in one row: the batch axis was folded into the token axis",
                  "split the first axis back into (B, H) before anything else.")

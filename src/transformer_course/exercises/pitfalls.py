@@ -304,3 +304,34 @@ def padding_mask_query_axis(tokens: Tensor, pad_id: int) -> Tensor:
 def padding_mask_inverted(tokens: Tensor, pad_id: int) -> Tensor:
     """True marks the padding."""
     return (tokens == pad_id)[:, None, None, :]
+
+
+# ------------------------------------------------- the chapters' "find the bug" code
+
+
+def split_qkv_per_head(qkv: Tensor, n_heads: int):
+    """Reads fused features as [q_0 k_0 v_0 | q_1 k_1 v_1 | ...] (per head)."""
+    B, T, D3 = qkv.shape
+    parts = qkv.reshape(B, T, n_heads, 3, D3 // (3 * n_heads)).permute(3, 0, 2, 1, 4)
+    return parts[0], parts[1], parts[2]
+
+
+def merge_folded_heads_buggy(heads: Tensor, n_heads: int) -> Tensor:
+    """Chapter 3's bug: (B * H, T, d_k) -> (T, B * H, d_k) -> reshape; right only
+    for a batch of one."""
+    BH, T, d_k = heads.shape
+    return heads.transpose(0, 1).reshape(BH // n_heads, T, n_heads * d_k)
+
+
+def decoder_mask_buggy(tokens: Tensor, pad_id: int) -> Tensor:
+    """Chapter 5's bug: padding on the query axis (P5), combined with "or"."""
+    T = tokens.shape[1]
+    keep = (tokens != pad_id)[:, None, :, None]
+    return keep | torch.ones(T, T, dtype=torch.bool).tril()
+
+
+def masked_attention_axis_renorm(q, k, v, mask):
+    """Chapter 5's bug: softmax over the queries, masked and renormalised (P11, P1)."""
+    w = torch.softmax(_scores(q, k), dim=-2).masked_fill(~mask, 0.0)
+    w = w / w.sum(dim=-1, keepdim=True)
+    return w @ v
