@@ -127,8 +127,10 @@ def attention_large_negative(q, k, v, mask=None):
 
 
 def attention_mask_after_softmax(q, k, v, mask=None):
-    """Zeroes masked weights after the softmax: the masked keys' scores are still in
-    the denominator, so the visible weights depend on the future."""
+    """Zeroes the masked weights after the softmax, which already counted them.
+
+    The masked keys' scores are still in the denominator, so the visible weights
+    depend on the future."""
     w = softmax_then_zero(_scores(q, k), mask)
     return w @ v, w
 
