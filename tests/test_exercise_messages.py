@@ -178,3 +178,16 @@ def test_sizes_all_differ_so_a_forgotten_transpose_is_named():
     instead of pitfall P8."""
     with pytest.raises(ShapeError, match="still runs over the tokens"):
         check_split_heads.strict(P.split_heads_no_transpose)
+
+
+def test_a_crash_in_the_learners_code_shows_only_the_learners_frames(capsys):
+    def attention(q, k, v):  # chapter 1's find-the-bug: transpose(0, 1) on a batch
+        w = (q @ k.transpose(0, 1)).softmax(-1)
+        return w @ v, w
+
+    assert check_dot_product_attention(attention) is False
+    printed = capsys.readouterr().out
+    assert printed.startswith("✗ attention raised RuntimeError")
+    assert "in attention" in printed and "transformer_course" not in printed
+    with pytest.raises(RuntimeError):
+        check_dot_product_attention.strict(attention)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import os
+import traceback
 from collections.abc import Callable, Sequence
 
 import torch
@@ -49,7 +51,9 @@ def exercise_check(check: Callable[..., bool]) -> Callable[..., bool]:
     - returns True (after printing "passed: ...") when the learner's function is right;
     - prints "not attempted yet ..." and returns False for the stub (it raises
       ``NotImplementedError``), so a chapter with untouched stubs runs top to bottom;
-    - prints "✗ <message>" and "Hint: <hint>" and returns False on a ``CheckError``.
+    - prints "✗ <message>" and "Hint: <hint>" and returns False on a ``CheckError``;
+    - when the learner's function raises, prints the error and the learner's own
+      frames of the traceback (not this package's) and returns False.
 
     ``wrapped.strict`` is the undecorated check (raises ``CheckError``).
     """
@@ -66,9 +70,26 @@ def exercise_check(check: Callable[..., bool]) -> Callable[..., bool]:
         except CheckError as err:
             print(f"✗ {err.message}" + (f"\nHint: {err.hint}" if err.hint else ""))
             return False
+        except Exception as err:  # noqa: BLE001 (the learner's code raised)
+            _report_crash(fn, err)
+            return False
 
     wrapped.strict = check
     return wrapped
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _report_crash(fn, err: Exception) -> None:
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if not os.path.abspath(f.filename).startswith(_PACKAGE)]
+    name = getattr(fn, "__name__", "your function")
+    print(f"✗ {name} raised {type(err).__name__}: {err}")
+    if frames:
+        print("".join(traceback.format_list(frames[-3:])).rstrip())
+    print("Hint: the error comes from the code above; print the shapes of the inputs "
+          "and of each intermediate result.")
 
 
 def public_test(check: Callable[..., bool], fn: Callable) -> bool:
