@@ -70,6 +70,8 @@ def exercise_check(check: Callable[..., bool]) -> Callable[..., bool]:
         except CheckError as err:
             print(f"✗ {err.message}" + (f"\nHint: {err.hint}" if err.hint else ""))
             return False
+        except TimeoutError:
+            raise  # a time limit set by the grader, not a mistake to explain
         except Exception as err:  # noqa: BLE001 (the learner's code raised)
             _report_crash(fn, err)
             return False
