@@ -18,6 +18,7 @@ from transformer_course.attention import (
     ATTENTION_BACKENDS,
     scaled_dot_product_attention,
 )
+from transformer_course.exercises import pitfalls
 from transformer_course.masks import (
     causal_mask,
     combine_masks,
@@ -226,27 +227,12 @@ def _library(q, k, v, mask):
     return scaled_dot_product_attention(q, k, v, mask)
 
 
-def _mask_after_softmax(q, k, v, mask):
-    w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1)
-    return (w * mask) @ v
-
-
-def _inverted(q, k, v, mask):
-    return scaled_dot_product_attention(q, k, v, ~mask)
-
-
-def _ignores_mask(q, k, v, mask):
-    return scaled_dot_product_attention(q, k, v)
-
-
-def _minus_inf_nan(q, k, v, mask):
-    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~mask, -math.inf)
-    return torch.softmax(scores, -1) @ v
-
-
-def _large_negative(q, k, v, mask):
-    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~mask, -1e9)
-    return torch.softmax(scores, -1) @ v
+# the known-wrong functions come from the exercises' pitfalls module
+_mask_after_softmax = pitfalls.attention_mask_after_softmax
+_inverted = pitfalls.attention_inverted_mask
+_ignores_mask = pitfalls.attention_ignores_mask
+_minus_inf_nan = pitfalls.attention_no_guard
+_large_negative = pitfalls.attention_large_negative
 
 
 def _stub(q, k, v, mask):
@@ -281,8 +267,7 @@ def test_property_checks_not_attempted(capsys):
     assert "not attempted yet" in capsys.readouterr().out
 
 
-def _top_left(t, s):
-    return torch.ones(t, s, dtype=torch.bool).tril()
+_top_left = pitfalls.causal_mask_top_left
 
 
 @param("fn, message", [
