@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from transformer_course.efficient import online_softmax, quantize_int8, repeat_kv
 from transformer_course.exercises import (
     CheckError,
     check_online_softmax,
@@ -13,7 +14,6 @@ from transformer_course.exercises import (
     check_repeat_kv,
     check_streaming_attention,
 )
-from transformer_course.efficient import online_softmax, quantize_int8, repeat_kv
 
 
 def stub(*args):
