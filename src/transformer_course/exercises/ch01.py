@@ -102,7 +102,7 @@ def check_dot_product_attention(
                 fail(
                     "permuting the batch does not permute the outputs: items leak into "
                     "each other",
-                    "use batched matmul (q @ k.transpose(-2, -1)), not a reshape that "
-                    "mixes the batch.",
+                    "transpose only the last two axes of k, and never reshape across "
+                    "the batch.",
                 )
     return passed("batched dot-product attention matches the reference on 3 random inputs")

@@ -9,6 +9,7 @@ import torch
 
 from transformer_course.exercises import pitfalls
 from transformer_course.exercises._common import (
+    ShapeError,
     Tensor,
     check_close,
     check_shape,
@@ -114,7 +115,7 @@ def check_causal_mask(fn: Callable[[int, int], Tensor]) -> bool:
         check_shape(out, (t, s), f"fn({t}, {s})")
         if out.dtype != torch.bool:
             fail(f"fn({t}, {s}) has dtype {out.dtype}, expected torch.bool",
-                  "build it with a comparison such as j <= i + (k_len - q_len).")
+                 "a comparison of index tensors gives a bool tensor.", kind=ShapeError)
         ref = causal_mask(t, s)
         if torch.equal(out, ref):
             continue
@@ -160,7 +161,8 @@ def check_padding_mask(fn: Callable[[Tensor, int], Tensor]) -> bool:
                   "last axis, the keys' axis.")
         check_shape(out, (b, 1, 1, s), "mask")
         if out.dtype != torch.bool:
-            fail(f"the mask has dtype {out.dtype}, expected torch.bool")
+            fail(f"the mask has dtype {out.dtype}, expected torch.bool",
+                 "a comparison such as == or != gives a bool tensor.", kind=ShapeError)
         ref = padding_mask(tokens, pad)
         if torch.equal(out, ~ref):
             fail("the mask is inverted: True marks the padding",
@@ -190,7 +192,8 @@ def check_decoder_mask(fn: Callable[[Tensor, int], Tensor]) -> bool:
         check_shape(out, (b, 1, t, t), "mask")
         if out.dtype != torch.bool:
             fail(f"the mask has dtype {out.dtype}, expected torch.bool",
-                 "combine bool masks with & (and), not with + or *.")
+                 "combine bool masks with logical operators, not with + or *.",
+                 kind=ShapeError)
         causal, keys = causal_mask(t), padding_mask(tokens, pad)
         queries = (tokens != pad)[:, None, :, None]
         ref = causal & keys

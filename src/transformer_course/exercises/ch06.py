@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 
 from transformer_course.exercises._common import (
+    ShapeError,
     Tensor,
     exercise_check,
     fail,
@@ -67,7 +68,7 @@ def check_label_smoothed_loss(fn: Callable[..., Tensor]) -> bool:
         got = fn(logits.clone(), target.clone(), eps, 0)
         if not isinstance(got, Tensor) or got.numel() != 1:
             fail("expected a scalar tensor (the mean loss)",
-                  "average over the non-padding positions with .sum() / count.")
+                 "average over the non-padding positions.", kind=ShapeError)
         got = got.reshape(())
         want = torch.nn.CrossEntropyLoss(label_smoothing=eps, ignore_index=0)(
             logits, target)
@@ -122,7 +123,8 @@ def check_teacher_forcing_loss(fn: Callable[..., Tensor]) -> bool:
     got = fn(model, src, tgt, crit)
     want = translation_loss(model, src, tgt, crit)
     if not isinstance(got, Tensor) or got.numel() != 1:
-        fail("expected a scalar loss tensor", "return criterion(...) of the batch.")
+        fail("expected a scalar loss tensor", "return the criterion's value.",
+             kind=ShapeError)
     if torch.allclose(got.reshape(()), want, atol=1e-5):
         return passed("the decoder reads tgt[:, :-1] and predicts tgt[:, 1:]")
     logits = model(src, tgt)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 
 from transformer_course.exercises._common import (
+    ShapeError,
     Tensor,
     check_close,
     check_shape,
@@ -157,15 +158,16 @@ def check_quantize_int8(fn: Callable[[Tensor], tuple[Tensor, Tensor]]) -> bool:
     result = fn(w.clone())
     if not (isinstance(result, tuple) and len(result) == 2):
         fail("expected fn to return a tuple (w_int8, scale)",
-              "return both the int8 weights and the per-row scales.")
+             "return both the int8 weights and the per-row scales.", kind=ShapeError)
     w_int8, scale = result
     check_shape(w_int8, (6, 32), "w_int8")
     if w_int8.dtype != torch.int8:
         fail(f"w_int8 has dtype {w_int8.dtype}, expected torch.int8",
-              "convert at the end with .to(torch.int8).")
+             "the last step converts to the 8-bit integer type.", kind=ShapeError)
     if tuple(scale.shape) not in ((6, 1), (6,)):
         fail(f"scale has shape {tuple(scale.shape)}, expected (6, 1): one per row",
-              "take the maximum over dim=1 with keepdim=True.")
+             "one scale per output row: reduce over the input axis only.",
+             kind=ShapeError)
     scale = scale.reshape(6, 1).float()
     if torch.allclose(scale, scale[0].expand_as(scale)):
         fail("every row has the same scale: that is per-tensor quantization",
@@ -175,7 +177,7 @@ def check_quantize_int8(fn: Callable[[Tensor], tuple[Tensor, Tensor]]) -> bool:
     if (err > scale / 2 + 1e-6).any():
         if (err < scale + 1e-6).all():
             fail("errors reach a whole step (scale): the values were truncated",
-                  ".to(torch.int8) rounds toward zero; call torch.round first.")
+                  "converting to int8 rounds toward zero: round to nearest first.")
         fail(f"max |w_int8 * scale - w| = {err.max():.3g} exceeds scale / 2",
               "scale = max |row| / 127 and w_int8 = round(w / scale).")
     check_close(scale, w.abs().amax(dim=1, keepdim=True) / 127, rtol=1e-4,
