@@ -12,8 +12,9 @@ from transformer_course.attention import (
     masked_softmax,
     scaled_dot_product_attention,
 )
-from transformer_course.checks import (
+from transformer_course.exercises import (
     CheckError,
+    check_attention_bthd,
     check_masked_attention,
     check_stable_softmax,
 )
@@ -127,8 +128,8 @@ def test_p12_missing_scale():
 # ------------------------------------------------------------------------------ checks
 
 
-def stable_softmax(scores, mask=None):
-    return masked_softmax(scores, mask)
+def stable_softmax(scores, mask=None, dim=-1):
+    return masked_softmax(scores, mask, dim)
 
 
 def attention_ok(q, k, v, mask=None):
@@ -151,26 +152,26 @@ def test_checks_say_not_attempted(capsys):
     assert capsys.readouterr().out.count("not attempted yet") == 2
 
 
-def _softmax_naive(scores, mask=None):
+def _softmax_naive(scores, mask=None, dim=-1):
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     e = torch.exp(scores)
-    return e / e.sum(-1, keepdim=True)
+    return e / e.sum(dim, keepdim=True)
 
 
-def _softmax_shifted_nan(scores, mask=None):
+def _softmax_shifted_nan(scores, mask=None, dim=-1):
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.softmax(scores, -1)
+    return torch.softmax(scores, dim)
 
 
-def _softmax_big_negative(scores, mask=None):
+def _softmax_big_negative(scores, mask=None, dim=-1):
     if mask is not None:
         scores = scores.masked_fill(~mask, -1e9)
-    return torch.softmax(scores, -1)
+    return torch.softmax(scores, dim)
 
 
-def _softmax_dim0(scores, mask=None):
+def _softmax_dim0(scores, mask=None, dim=-1):
     return torch.softmax(scores, 0)
 
 
@@ -182,7 +183,7 @@ def _softmax_dim0(scores, mask=None):
 ])
 def test_stable_softmax_check_rejects(fn, words):
     with pytest.raises(CheckError, match=words):
-        check_stable_softmax(fn)
+        check_stable_softmax.strict(fn)
 
 
 def _att(scale=True, dim=-1, invert=False, guard=True):
@@ -208,7 +209,7 @@ def _att(scale=True, dim=-1, invert=False, guard=True):
 ])
 def test_masked_attention_check_rejects(fn, words):
     with pytest.raises(CheckError, match=words):
-        check_masked_attention(fn)
+        check_masked_attention.strict(fn)
 
 
 # ------------------------------------------------- the chapter's find-the-bug exercise
@@ -223,4 +224,4 @@ def test_chapter_2_find_the_bug_code_is_rejected():
         return weights @ v, weights
 
     with pytest.raises(CheckError, match="P11"):
-        check_masked_attention(attention_buggy)
+        check_masked_attention.strict(attention_buggy)

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from transformer_course.checks import (
+from transformer_course.exercises import (
     CheckError,
     check_close,
     check_dot_product_attention,
@@ -55,7 +55,7 @@ def _no_tuple(q, k, v):
 )
 def test_wrong_attention_is_rejected_with_a_hint(fn, words):
     with pytest.raises((CheckError, RuntimeError)) as info:
-        check_dot_product_attention(fn)
+        check_dot_product_attention.strict(fn)
     assert words in str(info.value)
 
 
@@ -69,7 +69,7 @@ def test_wrong_attention_is_rejected_with_a_hint(fn, words):
 )
 def test_wrong_soft_lookup_is_rejected(fn, words):
     with pytest.raises(CheckError, match=words):
-        check_soft_lookup(fn)
+        check_soft_lookup.strict(fn)
 
 
 def test_check_shape_and_close_name_the_problem():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from transformer_course.attention import repeat_kv
-from transformer_course.checks import (
+from transformer_course.exercises import (
     CheckError,
     check_online_softmax,
     check_quantize_int8,
@@ -57,18 +57,18 @@ def test_online_softmax_check(capsys):
     assert check_online_softmax(stub) is False
     assert "not attempted yet" in capsys.readouterr().out
     with pytest.raises(CheckError, match="not rescaled"):
-        check_online_softmax(softmax_no_rescale)
+        check_online_softmax.strict(softmax_no_rescale)
     with pytest.raises(CheckError, match="all -inf gives NaN"):
-        check_online_softmax(softmax_nan_on_masked_block)
+        check_online_softmax.strict(softmax_nan_on_masked_block)
     with pytest.raises(CheckError, match="overflow"):
-        check_online_softmax(lambda x, b: torch.exp(x) / torch.exp(x).sum())
+        check_online_softmax.strict(lambda x, b: torch.exp(x) / torch.exp(x).sum())
 
 
 def test_streaming_attention_check():
     assert check_streaming_attention(streaming)
     assert check_streaming_attention(stub) is False
     with pytest.raises(CheckError, match="partial output is not rescaled"):
-        check_streaming_attention(
+        check_streaming_attention.strict(
             lambda q, k, v, b: streaming(q, k, v, b, rescale_output=False)
         )
 
@@ -77,9 +77,9 @@ def test_repeat_kv_check():
     assert check_repeat_kv(repeat_kv)
     assert check_repeat_kv(stub) is False
     with pytest.raises(CheckError, match="tiled"):
-        check_repeat_kv(lambda x, n: x.repeat(1, n, 1, 1))
+        check_repeat_kv.strict(lambda x, n: x.repeat(1, n, 1, 1))
     with pytest.raises(CheckError, match="dimension 1"):
-        check_repeat_kv(lambda x, n: x)
+        check_repeat_kv.strict(lambda x, n: x)
 
 
 def test_quantize_int8_check():
@@ -99,8 +99,8 @@ def test_quantize_int8_check():
         return w_int8.float(), scale
 
     with pytest.raises(CheckError, match="per-tensor"):
-        check_quantize_int8(per_tensor)
+        check_quantize_int8.strict(per_tensor)
     with pytest.raises(CheckError, match="truncated"):
-        check_quantize_int8(truncating)
+        check_quantize_int8.strict(truncating)
     with pytest.raises(CheckError, match="torch.int8"):
-        check_quantize_int8(no_int8)
+        check_quantize_int8.strict(no_int8)

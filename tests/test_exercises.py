@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer_course import checks
+from transformer_course import exercises
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -85,7 +85,7 @@ CODING_IDS = [f"{c}-{ex.label}" for c, ex in CODING]
 @pytest.mark.parametrize("chapter,exercise", CODING, ids=CODING_IDS)
 def test_reference_solution_passes_its_check(chapter, exercise):
     ns = _chapter_namespace(chapter, exercise)
-    check = getattr(checks, exercise.check)
+    check = getattr(exercises, exercise.check)
     exec(exercise.solution_code, ns)
     with contextlib.redirect_stdout(io.StringIO()):
         assert check(*(ns[f] for f in exercise.functions), **exercise.kwargs) is True
@@ -94,10 +94,52 @@ def test_reference_solution_passes_its_check(chapter, exercise):
 @pytest.mark.parametrize("chapter,exercise", CODING, ids=CODING_IDS)
 def test_the_stub_is_reported_as_not_attempted(chapter, exercise):
     ns = _chapter_namespace(chapter, exercise)
-    check = getattr(checks, exercise.check)
+    check = getattr(exercises, exercise.check)
     exec(exercise.stub.split(f"\n{exercise.check}(")[0], ns)
     with contextlib.redirect_stdout(io.StringIO()) as printed:
         result = check(*(ns[f] for f in exercise.functions), **exercise.kwargs)
     assert result is False and "not attempted yet" in printed.getvalue(), (
         f"{exercise.check} on the untouched stub should print 'not attempted yet' and "
         "return False")
+
+
+# ------------------------------------------------------------------ public_test
+
+
+def test_public_test_reports_shapes_and_the_stub_only():
+    from transformer_course.exercises import (
+        check_masked_attention,
+        pitfalls,
+        public_test,
+    )
+
+    def stub(q, k, v, mask=None):
+        raise NotImplementedError
+
+    assert public_test(check_masked_attention, pitfalls.attention_unscaled)  # values
+    with pytest.raises(AssertionError, match="not attempted yet"):
+        public_test(check_masked_attention, stub)
+    with pytest.raises(AssertionError, match="expected the tuple"):
+        public_test(check_masked_attention, pitfalls.attention_out_only)
+
+
+BUGS = [(c, ex) for c, ex in CODING
+        if "bug" in ex.title.lower() and "\n    def " in ex.text]
+
+
+@pytest.mark.parametrize("chapter,exercise", BUGS, ids=[f"{c}-{ex.label}" for c, ex in BUGS])
+def test_the_buggy_code_of_a_find_the_bug_exercise_fails_its_check(chapter, exercise):
+    """The function printed in the exercise (an indented block) is rejected, with a
+    message and a hint rather than a traceback."""
+    code = "\n".join(line[4:] for line in exercise.text.splitlines()
+                     if line.startswith("    ") or not line.strip())
+    ns = _chapter_namespace(chapter, exercise)
+    before = set(ns)
+    exec(code.strip("\n"), ns)
+    buggy = [ns[name] for name in set(ns) - before if callable(ns[name])]
+    assert len(buggy) == 1, f"{exercise.label}: expected one function in {code!r}"
+    check = getattr(exercises, exercise.check)
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        assert check(buggy[0], **exercise.kwargs) is False
+    assert "✗" in printed.getvalue() and "Hint: " in printed.getvalue()
+    assert "Traceback" not in printed.getvalue()

@@ -35,18 +35,19 @@ WRONG = {
     "01_qkv": """def attention(q, k, v):
     weights = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
     return weights @ v, weights""",
-    "02_scaled_dot_product": """def masked_attention(q, k, v, mask=None):
+    "02_scaled_dot_product": """def attention_bthd(q, k, v, key_padding_mask=None):
+    q, k, v = (x.transpose(1, 2) for x in (q, k, v))
     scores = q @ k.transpose(-2, -1)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
+    if key_padding_mask is not None:
+        scores = scores.masked_fill(~key_padding_mask[:, None, None, :], float("-inf"))
     weights = torch.softmax(scores, dim=-1)
-    return weights @ v, weights""",
+    return (weights @ v).transpose(1, 2), weights""",
 }
 
 # Each attack goes in front of the (unanswered) first stub; every answer stays a stub.
 ATTACKS = {
     # replaces every self-check in the learner's process by one that passes
-    "patch_checker": """import transformer_course.checks as _checks
+    "patch_checker": """import transformer_course.exercises as _checks
 for _name in dir(_checks):
     if _name.startswith("check_"):
         setattr(_checks, _name, lambda *args, **kwargs: True)

@@ -1,6 +1,6 @@
 """Masks (chapter 5): hypothesis property tests for shapes, broadcasting and polarity of
 masks.py, the mask pitfalls P1-P7 on every attention backend, and the chapter's
-property checks in checks.py (each passes the library and rejects a broken function)."""
+property checks in transformer_course.exercises (each passes the library and rejects a broken function)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from transformer_course import checks
+from transformer_course import exercises
 from transformer_course.attention import (
     ATTENTION_BACKENDS,
     scaled_dot_product_attention,
 )
+from transformer_course.exercises import pitfalls
 from transformer_course.masks import (
     causal_mask,
     combine_masks,
@@ -225,27 +226,12 @@ def _library(q, k, v, mask):
     return scaled_dot_product_attention(q, k, v, mask)
 
 
-def _mask_after_softmax(q, k, v, mask):
-    w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1)
-    return (w * mask) @ v
-
-
-def _inverted(q, k, v, mask):
-    return scaled_dot_product_attention(q, k, v, ~mask)
-
-
-def _ignores_mask(q, k, v, mask):
-    return scaled_dot_product_attention(q, k, v)
-
-
-def _minus_inf_nan(q, k, v, mask):
-    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~mask, -math.inf)
-    return torch.softmax(scores, -1) @ v
-
-
-def _large_negative(q, k, v, mask):
-    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~mask, -1e9)
-    return torch.softmax(scores, -1) @ v
+# the known-wrong functions come from the exercises' pitfalls module
+_mask_after_softmax = pitfalls.attention_mask_after_softmax
+_inverted = pitfalls.attention_inverted_mask
+_ignores_mask = pitfalls.attention_ignores_mask
+_minus_inf_nan = pitfalls.attention_no_guard
+_large_negative = pitfalls.attention_large_negative
 
 
 def _stub(q, k, v, mask):
@@ -254,34 +240,33 @@ def _stub(q, k, v, mask):
 
 @param("backend", BACKENDS)
 def test_property_checks_pass_every_backend(backend, capsys):
-    assert checks.check_attention_properties(ATTENTION_BACKENDS[backend], name=backend)
+    assert exercises.check_attention_properties(ATTENTION_BACKENDS[backend], name=backend)
     assert "all four mask properties hold" in capsys.readouterr().out
 
 
 @param("check, broken, message", [
-    (checks.check_causal_leakage, _mask_after_softmax, "future leaked into position 0"),
-    (checks.check_causal_leakage, _inverted, "future leaked"),
-    (checks.check_causal_leakage, _ignores_mask, "future leaked"),
-    (checks.check_padding_invariance, _ignores_mask, "padding leaked"),
-    (checks.check_padding_invariance, _mask_after_softmax, "padding leaked"),
-    (checks.check_mask_polarity, _inverted, "polarity is inverted"),
-    (checks.check_mask_polarity, _ignores_mask, "mask had no effect"),
-    (checks.check_fully_masked_rows, _minus_inf_nan, "gives NaN"),
-    (checks.check_fully_masked_rows, _large_negative, "uniform"),
+    (exercises.check_causal_leakage, _mask_after_softmax, "future leaked into position 0"),
+    (exercises.check_causal_leakage, _inverted, "future leaked"),
+    (exercises.check_causal_leakage, _ignores_mask, "future leaked"),
+    (exercises.check_padding_invariance, _ignores_mask, "padding leaked"),
+    (exercises.check_padding_invariance, _mask_after_softmax, "padding leaked"),
+    (exercises.check_mask_polarity, _inverted, "polarity is inverted"),
+    (exercises.check_mask_polarity, _ignores_mask, "mask had no effect"),
+    (exercises.check_fully_masked_rows, _minus_inf_nan, "gives NaN"),
+    (exercises.check_fully_masked_rows, _large_negative, "uniform"),
 ])
 def test_property_checks_catch_broken_functions(check, broken, message):
     assert check(_library)
-    with pytest.raises(checks.CheckError, match=message):
-        check(broken)
+    with pytest.raises(exercises.CheckError, match=message):
+        check.strict(broken)
 
 
 def test_property_checks_not_attempted(capsys):
-    assert checks.check_attention_properties(_stub) is False
+    assert exercises.check_attention_properties(_stub) is False
     assert "not attempted yet" in capsys.readouterr().out
 
 
-def _top_left(t, s):
-    return torch.ones(t, s, dtype=torch.bool).tril()
+_top_left = pitfalls.causal_mask_top_left
 
 
 @param("fn, message", [
@@ -291,9 +276,9 @@ def _top_left(t, s):
     (_top_left, "aligned top-left"),
 ])
 def test_check_causal_mask(fn, message):
-    assert checks.check_causal_mask(lambda t, s: causal_mask(t, s))
-    with pytest.raises(checks.CheckError, match=message):
-        checks.check_causal_mask(fn)
+    assert exercises.check_causal_mask(lambda t, s: causal_mask(t, s))
+    with pytest.raises(exercises.CheckError, match=message):
+        exercises.check_causal_mask.strict(fn)
 
 
 @param("fn, message", [
@@ -302,6 +287,6 @@ def test_check_causal_mask(fn, message):
     (lambda ids, pad: (ids != pad)[:, None, :], "dimensions"),
 ])
 def test_check_padding_mask(fn, message):
-    assert checks.check_padding_mask(lambda ids, pad: padding_mask(ids, pad))
-    with pytest.raises(checks.CheckError, match=message):
-        checks.check_padding_mask(fn)
+    assert exercises.check_padding_mask(lambda ids, pad: padding_mask(ids, pad))
+    with pytest.raises(exercises.CheckError, match=message):
+        exercises.check_padding_mask.strict(fn)

@@ -14,7 +14,7 @@ from transformers.models.bloom.modeling_bloom import _get_alibi_slopes
 from transformers.models.gptj import modeling_gptj as gptj
 from transformers.models.llama import modeling_llama as llama
 
-from transformer_course import checks
+from transformer_course import exercises
 from transformer_course.alibi import alibi_bias, alibi_slopes
 from transformer_course.attention import scaled_dot_product_attention
 from transformer_course.masks import causal_mask
@@ -297,16 +297,16 @@ def _crashes_on_odd(max_len, d):
     (lambda n, d: sinusoidal_encoding(n, d)[:, torch.arange(d) ^ 1], "swapped"),
 ])
 def test_check_sinusoidal_encoding(fn, message):
-    assert checks.check_sinusoidal_encoding(lambda n, d: sinusoidal_encoding(n, d))
-    with pytest.raises(checks.CheckError, match=message):
-        checks.check_sinusoidal_encoding(fn)
+    assert exercises.check_sinusoidal_encoding(lambda n, d: sinusoidal_encoding(n, d))
+    with pytest.raises(exercises.CheckError, match=message):
+        exercises.check_sinusoidal_encoding.strict(fn)
 
 
 def test_check_sinusoidal_encoding_stub_is_not_attempted(capsys):
     def stub(max_len, d_model):
         raise NotImplementedError("your code here")
 
-    assert checks.check_sinusoidal_encoding(stub) is False  # NotImplementedError is a
+    assert exercises.check_sinusoidal_encoding(stub) is False  # NotImplementedError is a
     assert "not attempted yet" in capsys.readouterr().out  # RuntimeError: not a crash
 
 
@@ -316,9 +316,9 @@ def test_check_sinusoidal_encoding_stub_is_not_attempted(capsys):
     (lambda x, p: apply_rotary(x, p) * 1.5, "norm"),
 ])
 def test_check_rotary_half(fn, message):
-    assert checks.check_rotary_half(lambda x, p: apply_rotary(x, p))
-    with pytest.raises(checks.CheckError, match=message):
-        checks.check_rotary_half(fn)
+    assert exercises.check_rotary_half(lambda x, p: apply_rotary(x, p))
+    with pytest.raises(exercises.CheckError, match=message):
+        exercises.check_rotary_half.strict(fn)
 
 
 @param("fn, message", [
@@ -330,14 +330,14 @@ def test_check_new_token_positions(fn, message, capsys):
     def right(keep, n):
         return position_ids(n, offset=keep.shape[1] - n, keep=keep)
 
-    assert checks.check_new_token_positions(right)
-    with pytest.raises(checks.CheckError, match=message):
-        checks.check_new_token_positions(fn)
+    assert exercises.check_new_token_positions(right)
+    with pytest.raises(exercises.CheckError, match=message):
+        exercises.check_new_token_positions.strict(fn)
 
     def stub(keep, n):
         raise NotImplementedError
 
-    assert checks.check_new_token_positions(stub) is False
+    assert exercises.check_new_token_positions(stub) is False
     assert "not attempted yet" in capsys.readouterr().out
 
 

@@ -177,7 +177,7 @@ def _test_cell(ex: Exercise, hidden: bool, points: float) -> nbformat.NotebookNo
         body = f"    assert {ex.check}({call_args}), 'the self-check did not pass'"
     else:
         body = (
-            "    from transformer_course.grading import public_test\n"
+            "    from transformer_course.exercises import public_test\n"
             f"    public_test({ex.check}, {params})"
         )
     kind = "hidden" if hidden else "public"
@@ -185,7 +185,7 @@ def _test_cell(ex: Exercise, hidden: bool, points: float) -> nbformat.NotebookNo
         f'""" # BEGIN TEST CONFIG\nhidden: {str(hidden).lower()}\npoints: {points}\n'
         f'""" # END TEST CONFIG\n'
         f"def test_{kind}({params}):\n"
-        f"    from transformer_course.checks import {ex.check}\n{body}\n"
+        f"    from transformer_course.exercises import {ex.check}\n{body}\n"
     )
 
 

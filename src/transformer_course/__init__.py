@@ -16,7 +16,7 @@ One concept per module, each derived in a chapter of the book:
 - ``flash``, ``local``, ``quantize``, ``measure``, ``triton_kernels``  making attention
                   fast: tiled attention, sliding windows, int8, timing and memory (7)
 - ``viz``         figures, animations and interactive views used by every chapter
-- ``checks``      self-checks for the exercises
+- ``exercises``   self-checks for the exercises (one module per chapter, pitfalls)
 """
 
 from transformer_course.additive import additive_attention

@@ -1,11 +1,7 @@
 """Grading helpers for the instructor workflow (book/instructor_guide.md, tools/assignments.py).
 
-Two pieces:
+(The public otter test, ``public_test``, is in ``transformer_course.exercises``.)
 
-- ``public_test(check, fn)``: the public otter test of a coding exercise. It runs the
-  exercise's self-check and passes when the function is implemented and its outputs have
-  the right types and shapes; whether the values are right is left to the hidden test,
-  which is ``assert check_<name>(fn)``.
 - ``recheck(spec, submission)``: an isolated re-check of a submitted notebook. otter runs
   the learner's code and the hidden tests in one Python process, so code in the
   notebook can replace the checker, otter's result objects or ``pickle`` before the tests
@@ -32,7 +28,6 @@ import importlib
 import io
 import json
 import os
-import re
 import struct
 import subprocess
 import sys
@@ -42,37 +37,9 @@ from typing import Any
 
 import torch
 
-from transformer_course.checks import CheckError
+from transformer_course.exercises import CheckError
 
-__all__ = ["RemoteFunctions", "public_test", "recheck", "submission_code"]
-
-_SHAPE_ERROR = re.compile(
-    r"expected a torch\.Tensor|has \d+ dimensions|^dimension \d+ of|expected fn to return"
-)
-
-
-def public_test(check: Callable[..., bool], fn: Callable) -> bool:
-    """Public test of a coding exercise: ``fn`` is implemented and returns tensors of the
-    right shapes. Runs ``check(fn)`` and hides everything except a wrong type or shape.
-
-    Raises:
-        AssertionError: "not attempted yet" for the stub, or the self-check's message when
-            it is about a type or a shape (e.g. "dimension 1 of weights is 5, expected 4").
-    """
-    with contextlib.redirect_stdout(io.StringIO()):
-        try:
-            done = check(fn)
-        except CheckError as err:
-            if _SHAPE_ERROR.search(str(err).splitlines()[0]):
-                raise AssertionError(str(err)) from None
-            return True  # implemented, shapes right; the values are graded by hidden tests
-    if not done:
-        raise AssertionError(
-            f"not attempted yet: {getattr(fn, '__name__', 'the function')} still raises "
-            "NotImplementedError"
-        )
-    return True
-
+__all__ = ["RemoteFunctions", "recheck", "submission_code"]
 
 # --------------------------------------------------------------- the learner's code
 
@@ -335,11 +302,11 @@ def recheck(
     """Grade ``notebook`` (parsed JSON) against ``spec`` without running its code here.
 
     ``spec["questions"]`` lists ``{"name", "points", "check", "functions", "kwargs"}``:
-    the check's name in ``transformer_course.checks``, the learner's function names it is
+    the check's name in ``transformer_course.exercises``, the learner's function names it is
     called with and constant keyword arguments. Returns ``{question: {"score", "max_score", "message"}}``; a question scores
     its points only when the check returns True.
     """
-    checks = importlib.import_module("transformer_course.checks")
+    checks = importlib.import_module("transformer_course.exercises")
     remote = RemoteFunctions(submission_code(notebook), call_timeout=call_timeout,
                              setup_timeout=setup_timeout)
     results = {}

@@ -1,0 +1,138 @@
+"""Chapter 6, the full Transformer: the warmup schedule, label smoothing, teacher forcing."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from transformer_course.exercises._common import (
+    ShapeError,
+    Tensor,
+    exercise_check,
+    fail,
+    passed,
+)
+
+
+@exercise_check
+def check_noam_lr(fn: Callable[[int, int, int], float]) -> bool:
+    """Chapter 6, exercise "warmup schedule": ``fn(step, d_model, warmup)`` must return
+    d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) for step >= 1 (Vaswani et al.
+    2017, equation 3).
+
+    Raises:
+        CheckError: naming the first (step, d_model, warmup) that is wrong, with a hint
+            for a peak at the wrong step, a missing d_model factor or a swapped min/max.
+    """
+    from transformer_course.training import noam_lr
+
+    for d_model, warmup in ((512, 4000), (128, 400), (64, 10)):
+        for step in (1, warmup // 2, warmup, 2 * warmup, 10 * warmup):
+            got, want = float(fn(step, d_model, warmup)), noam_lr(step, d_model, warmup)
+            if math.isclose(got, want, rel_tol=1e-6):
+                continue
+            if math.isclose(got, want * math.sqrt(d_model), rel_tol=1e-6):
+                fail(f"fn({step}, {d_model}, {warmup}) = {got:.3g}, expected "
+                      f"{want:.3g}: off by a factor sqrt(d_model)",
+                      "multiply by d_model ** -0.5.")
+            if step != warmup and math.isclose(
+                got, d_model**-0.5 * max(step**-0.5, step * warmup**-1.5), rel_tol=1e-6
+            ):
+                fail(f"fn({step}, {d_model}, {warmup}) = {got:.3g}, expected "
+                      f"{want:.3g}: max instead of min",
+                      "the rate is the smaller of the rising and the decaying branch.")
+            fail(f"fn({step}, {d_model}, {warmup}) = {got:.6g}, expected {want:.6g}",
+                  "rising branch step * warmup ** -1.5, decaying branch step ** -0.5; "
+                  "they meet at step = warmup.")
+    return passed("the warmup schedule matches equation (3) at 15 points")
+
+
+@exercise_check
+def check_label_smoothed_loss(fn: Callable[..., Tensor]) -> bool:
+    """Chapter 6, exercise "label smoothing by hand": ``fn(logits, target, eps,
+    pad_id)`` with logits (N, V) and target (N,) must return the mean over non-padding
+    positions of -sum_v q_v log p_v, with q = (1 - eps) one_hot(target) + eps / V, the
+    value of ``nn.CrossEntropyLoss(label_smoothing=eps, ignore_index=pad_id)``.
+
+    Raises:
+        CheckError: with a hint for padding counted in the loss or the average,
+            smoothing spread over V - 1 tokens, or no smoothing at all.
+    """
+    gen = torch.Generator().manual_seed(6)
+    for n, v, eps in ((8, 5, 0.1), (12, 7, 0.2), (5, 3, 0.0)):
+        logits = torch.randn(n, v, generator=gen) * 2
+        target = torch.randint(1, v, (n,), generator=gen)
+        target[-2:] = 0  # two padding positions (pad_id 0)
+        got = fn(logits.clone(), target.clone(), eps, 0)
+        if not isinstance(got, Tensor) or got.numel() != 1:
+            fail("expected a scalar tensor (the mean loss)",
+                 "average over the non-padding positions.", kind=ShapeError)
+        got = got.reshape(())
+        want = torch.nn.CrossEntropyLoss(label_smoothing=eps, ignore_index=0)(
+            logits, target)
+        if torch.allclose(got, want, atol=1e-5):
+            continue
+        logp = logits.log_softmax(-1)
+        keep = target != 0
+        nll = -logp.gather(1, target[:, None])[:, 0]
+        per_pos = (1 - eps) * nll - eps / v * logp.sum(-1)
+        if torch.allclose(got, per_pos.mean(), atol=1e-5):
+            fail("padding positions are counted in the loss",
+                  "drop the positions whose target is pad_id before averaging.")
+        if torch.allclose(got, per_pos.sum() / keep.sum(), atol=1e-5):
+            fail("the padded positions' losses are added to the sum",
+                  "multiply each position's loss by (target != pad_id) before summing.")
+        if torch.allclose(got, nll[keep].mean(), atol=1e-5) and eps > 0:
+            fail("your loss is plain cross-entropy: no smoothing",
+                  "mix (1 - eps) * the one-hot target with eps / V on every token.")
+        off = (1 - eps) * nll - eps / (v - 1) * (logp.sum(-1) + nll)
+        if torch.allclose(got, off[keep].mean(), atol=1e-5) and eps > 0:
+            fail("the smoothing mass is spread over the V - 1 wrong tokens",
+                  "PyTorch spreads eps / V over all V tokens, the right one included.")
+        fail(f"loss = {got.item():.5f}, expected {want.item():.5f} (N={n}, V={v}, "
+              f"eps={eps})",
+              "-(1 - eps) * log p[target] - eps / V * sum(log p), averaged over "
+              "positions whose target is not pad_id.")
+    return passed("label-smoothed loss equals nn.CrossEntropyLoss on 3 random batches")
+
+
+@exercise_check
+def check_teacher_forcing_loss(fn: Callable[..., Tensor]) -> bool:
+    """Chapter 6, exercise "find the bug: teacher forcing": ``fn(model, src, tgt,
+    criterion)`` must feed the decoder tgt[:, :-1] and score its predictions against
+    tgt[:, 1:] (``training.translation_loss``).
+
+    Raises:
+        CheckError: for the unshifted version (the decoder sees the token it must
+            predict), a shift in the wrong direction, or a different value.
+    """
+    from transformer_course.model import TransformerConfig, make_model
+    from transformer_course.training import make_criterion, translation_loss
+
+    gen = torch.Generator().manual_seed(7)
+    cfg = TransformerConfig(src_vocab_size=12, tgt_vocab_size=10, d_model=16,
+                            n_heads=2, d_ff=32, dropout=0.0, max_len=10)
+    torch.manual_seed(7)
+    model = make_model(cfg).eval()
+    src = torch.randint(4, 12, (3, 5), generator=gen)
+    tgt = torch.cat([torch.ones(3, 1).long(), torch.randint(4, 10, (3, 5), generator=gen),
+                     torch.full((3, 1), 2)], 1)
+    crit = make_criterion(0.1)
+    got = fn(model, src, tgt, crit)
+    want = translation_loss(model, src, tgt, crit)
+    if not isinstance(got, Tensor) or got.numel() != 1:
+        fail("expected a scalar loss tensor", "return the criterion's value.",
+             kind=ShapeError)
+    if torch.allclose(got.reshape(()), want, atol=1e-5):
+        return passed("the decoder reads tgt[:, :-1] and predicts tgt[:, 1:]")
+    logits = model(src, tgt)
+    same = crit(logits.reshape(-1, 10), tgt.reshape(-1))
+    if torch.allclose(got.reshape(()), same, atol=1e-5):
+        fail("the decoder input and the labels are the same sequence: position t "
+              "is asked for the token it is reading",
+              "input tgt[:, :-1] (from BOS), labels tgt[:, 1:] (up to EOS).")
+    fail(f"loss = {got.item():.5f}, expected {want.item():.5f}",
+          "logits = model(src, tgt[:, :-1]); compare logits.reshape(-1, V) with "
+          "tgt[:, 1:].reshape(-1).")

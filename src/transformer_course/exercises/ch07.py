@@ -1,0 +1,185 @@
+"""Chapter 7, making attention fast: online softmax, streaming, repeat_kv, int8."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from transformer_course.exercises._common import (
+    ShapeError,
+    Tensor,
+    check_close,
+    check_shape,
+    exercise_check,
+    fail,
+    passed,
+)
+
+
+def _softmax_no_rescale(x: Tensor, block: int) -> Tensor:
+    """The classic online-softmax bug: the running sum is not rescaled when the
+    running maximum grows."""
+    m, l = float("-inf"), 0.0
+    for j in range(0, len(x), block):
+        m = max(m, x[j : j + block].max().item())
+        l = l + torch.exp(x[j : j + block] - m).sum().item()
+    return torch.exp(x - m) / l
+
+
+@exercise_check
+def check_online_softmax(fn: Callable[[Tensor, int], Tensor]) -> bool:
+    """Chapter 7, exercise "online softmax": ``fn(scores, block)`` reads one row of
+    scores (S,) ``block`` entries at a time, keeping a running maximum and a running
+    sum, and returns softmax(scores) (S,). Entries equal to -inf (masked keys) get
+    weight 0; a row that is all -inf gives zeros; scores around 1000 must not overflow.
+
+    Raises:
+        CheckError: naming a missing rescale of the running sum, overflow, NaN from a
+            block that is all -inf, or the first wrong value.
+    """
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(10, generator=gen) * 3
+    for block in (1, 3, 10, 16):
+        w = fn(x.clone(), block)
+        check_shape(w, (10,), "weights")
+        ref = torch.softmax(x, 0)
+        buggy = _softmax_no_rescale(x, block)
+        if not torch.allclose(w, ref, atol=1e-5) and torch.allclose(w, buggy, atol=1e-5):
+            fail(
+                f"with block={block} your weights do not sum to 1: the running sum "
+                "was not rescaled when the running maximum grew",
+                "when a block raises the maximum from m to m_new, multiply the sum so "
+                "far by exp(m - m_new) before adding the new block's exp(x - m_new).",
+            )
+        check_close(w, ref, name=f"weights (block={block})")
+    big = x * 10 + 1000.0
+    w = fn(big, 4)
+    if not torch.isfinite(w).all():
+        fail("scores around 1000 give NaN or inf: exp() overflowed",
+              "exponentiate x - m (m the running maximum), never x itself.")
+    check_close(w, torch.softmax(big, 0), name="weights for large scores")
+    inf = float("-inf")
+    masked = torch.tensor([inf, inf, 1.0, inf, 2.0, 0.5])
+    w = fn(masked, 2)
+    if torch.isnan(w).any():
+        fail("a first block whose scores are all -inf gives NaN",
+              "while the maximum is still -inf, exp(-inf - (-inf)) is NaN: skip such "
+              "a block (nothing is visible yet) or treat m = -inf as 0.")
+    check_close(w, torch.softmax(masked, 0), name="weights with -inf entries")
+    w = fn(torch.full((4,), inf), 2)
+    if torch.isnan(w).any() or (w != 0).any():
+        fail(f"a row that is all -inf gives {w.tolist()}, expected zeros",
+              "if the running sum is 0 at the end, return zeros (no key is visible).")
+    return passed("online softmax matches torch.softmax for every block size, "
+                   "large scores and masked entries")
+
+
+def _stream_no_output_rescale(q, k, v, block):
+    m, l, acc = float("-inf"), 0.0, torch.zeros(v.shape[-1])
+    s = k @ q / math.sqrt(q.shape[-1])
+    for j in range(0, len(s), block):
+        m_new = max(m, s[j : j + block].max().item())
+        p = torch.exp(s[j : j + block] - m_new)
+        l = l * math.exp(m - m_new) + p.sum().item()
+        acc = acc + p @ v[j : j + block]  # bug: acc not rescaled
+        m = m_new
+    return acc / l
+
+
+@exercise_check
+def check_streaming_attention(fn: Callable[..., Tensor]) -> bool:
+    """Chapter 7, exercise "find the bug" (one query, FlashAttention-style):
+    ``fn(q, k, v, block)`` with q (d,), k (S, d), v (S, d_v) must return
+    softmax(k q / sqrt(d)) v, (d_v,), reading k and v ``block`` rows at a time.
+
+    Raises:
+        CheckError: naming an unrescaled output accumulator, a wrong shape, or the
+            first wrong value.
+    """
+    gen = torch.Generator().manual_seed(8)
+    for s, d, dv, block in ((12, 8, 5, 4), (7, 4, 3, 3), (5, 16, 2, 8)):
+        q = torch.randn(d, generator=gen) * 2
+        k = torch.randn(s, d, generator=gen) * 2
+        v = torch.randn(s, dv, generator=gen)
+        out = fn(q, k, v, block)
+        check_shape(out, (dv,), "output")
+        ref = torch.softmax(k @ q / math.sqrt(d), 0) @ v
+        buggy = _stream_no_output_rescale(q, k, v, block)
+        if not torch.allclose(out, ref, atol=1e-5) and torch.allclose(
+            out, buggy, atol=1e-5
+        ):
+            fail("the partial output is not rescaled when the running maximum grows",
+                  "acc holds sum exp(s_j - m) v_j for the OLD m: multiply it by "
+                  "exp(m - m_new), exactly like the running sum l.")
+        check_close(out, ref, atol=1e-5, name="output")
+    return passed("streaming attention equals softmax(k q / sqrt(d)) v for 3 inputs")
+
+
+@exercise_check
+def check_repeat_kv(fn: Callable[[Tensor, int], Tensor]) -> bool:
+    """Chapter 7, exercise "repeat_kv": ``fn(x, n_rep)`` with x (B, H_kv, S, d) must
+    return (B, H_kv * n_rep, S, d) where head h is x's head h // n_rep (each key/value
+    head serves n_rep consecutive query heads).
+
+    Raises:
+        CheckError: naming a wrong shape, or heads tiled in the wrong order.
+    """
+    gen = torch.Generator().manual_seed(9)
+    for shape, n_rep in (((2, 3, 5, 4), 2), ((1, 2, 3, 8), 4), ((2, 4, 1, 2), 1)):
+        x = torch.randn(*shape, generator=gen)
+        out = fn(x, n_rep)
+        b, h_kv, s, d = shape
+        check_shape(out, (b, h_kv * n_rep, s, d), "output")
+        if n_rep > 1 and torch.equal(out, x.repeat(1, n_rep, 1, 1)):
+            fail("the whole stack of heads is tiled (head h gets head h % H_kv)",
+                  "query heads 0..n_rep-1 share key/value head 0: repeat each head "
+                  "n_rep times in a row (x[:, :, None].expand(...) or "
+                  "repeat_interleave on dim 1).")
+        check_close(out, x.repeat_interleave(n_rep, dim=1), atol=0, rtol=0,
+                    name="output")
+    return passed("repeat_kv gives head h the key/value head h // n_rep")
+
+
+@exercise_check
+def check_quantize_int8(fn: Callable[[Tensor], tuple[Tensor, Tensor]]) -> bool:
+    """Chapter 7, exercise "int8 by hand": ``fn(weight)`` with weight (d_out, d_in)
+    must return ``(w_int8, scale)``: int8 (d_out, d_in) and scale (d_out, 1), one
+    scale per output row = max |row| / 127, values rounded to nearest, so that
+    ``w_int8 * scale`` is within scale / 2 of ``weight``.
+
+    Raises:
+        CheckError: naming a wrong dtype or shape, one scale for the whole matrix,
+            truncation instead of rounding, or an error larger than scale / 2.
+    """
+    gen = torch.Generator().manual_seed(10)
+    w = torch.randn(6, 32, generator=gen) * torch.logspace(-2, 1, 6)[:, None]
+    result = fn(w.clone())
+    if not (isinstance(result, tuple) and len(result) == 2):
+        fail("expected fn to return a tuple (w_int8, scale)",
+             "return both the int8 weights and the per-row scales.", kind=ShapeError)
+    w_int8, scale = result
+    check_shape(w_int8, (6, 32), "w_int8")
+    if w_int8.dtype != torch.int8:
+        fail(f"w_int8 has dtype {w_int8.dtype}, expected torch.int8",
+             "the last step converts to the 8-bit integer type.", kind=ShapeError)
+    if tuple(scale.shape) not in ((6, 1), (6,)):
+        fail(f"scale has shape {tuple(scale.shape)}, expected (6, 1): one per row",
+             "one scale per output row: reduce over the input axis only.",
+             kind=ShapeError)
+    scale = scale.reshape(6, 1).float()
+    if torch.allclose(scale, scale[0].expand_as(scale)):
+        fail("every row has the same scale: that is per-tensor quantization",
+              "small rows then round to 0; compute max |w| per output row (dim=1).")
+    recon = w_int8.float() * scale
+    err = (recon - w).abs()
+    if (err > scale / 2 + 1e-6).any():
+        if (err < scale + 1e-6).all():
+            fail("errors reach a whole step (scale): the values were truncated",
+                  "converting to int8 rounds toward zero: round to nearest first.")
+        fail(f"max |w_int8 * scale - w| = {err.max():.3g} exceeds scale / 2",
+              "scale = max |row| / 127 and w_int8 = round(w / scale).")
+    check_close(scale, w.abs().amax(dim=1, keepdim=True) / 127, rtol=1e-4,
+                name="scale")
+    return passed("per-channel int8: one scale per row, error within half a step")

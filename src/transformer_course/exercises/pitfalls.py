@@ -1,0 +1,339 @@
+"""Known-wrong functions: the mistakes learners (and papers' readers) really make.
+
+The checks run them on their own inputs to recognise a learner's mistake and name it,
+the tests feed them to the checks to prove each mistake gets its own message, and the
+chapters import them to show what goes wrong. Each one runs without an error: that is
+what makes it a pitfall. Codes P1-P16 refer to the pitfall list of the course.
+
+Attention functions take q (..., T, d_k), k (..., S, d_k), v (..., S, d_v) and an
+optional bool mask (True = may attend) and return ``(out, weights)`` unless noted.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+Tensor = torch.Tensor
+_INF = float("-inf")
+
+
+def _scores(q: Tensor, k: Tensor, scale: float | None = None) -> Tensor:
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return q @ k.transpose(-2, -1) * scale
+
+
+def _guarded_softmax(scores: Tensor) -> Tensor:
+    """Softmax over the last axis; a row that is all -inf gives zeros."""
+    w = torch.softmax(scores, dim=-1)
+    return torch.nan_to_num(w, nan=0.0)
+
+
+# ------------------------------------------------------------- softmax (chapter 2)
+
+
+def softmax_no_max_shift(scores: Tensor, mask: Tensor | None = None) -> Tensor:
+    """exp(s) / sum exp(s): overflows to NaN for scores around 100 and above."""
+    if mask is not None:
+        scores = scores.masked_fill(~mask, _INF)
+    e = torch.exp(scores)
+    return e / e.sum(-1, keepdim=True)
+
+
+def softmax_unguarded(scores: Tensor, mask: Tensor | None = None) -> Tensor:
+    """-inf fill and torch.softmax: a row with no visible key is 0/0 = NaN (P1)."""
+    if mask is not None:
+        scores = scores.masked_fill(~mask, _INF)
+    return torch.softmax(scores, dim=-1)
+
+
+def softmax_large_negative(scores: Tensor, mask: Tensor | None = None) -> Tensor:
+    """-1e9 fill: no NaN, but a row with no visible key becomes uniform (P6)."""
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -1e9)
+    return torch.softmax(scores, dim=-1)
+
+
+def softmax_inverted_mask(scores: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Hides the keys the mask allows: PyTorch's nn.MultiheadAttention polarity (P3)."""
+    if mask is not None:
+        scores = scores.masked_fill(mask, _INF)
+    return _guarded_softmax(scores)
+
+
+def softmax_then_zero(scores: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Softmax first, then zero the masked weights: the rest no longer sum to 1."""
+    w = torch.softmax(scores, dim=-1)
+    return w if mask is None else w * mask
+
+
+def softmax_over_queries(scores: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Normalises each column (dim=-2) instead of each row (P11)."""
+    if mask is not None:
+        scores = scores.masked_fill(~mask, _INF)
+    return torch.nan_to_num(torch.softmax(scores, dim=-2), nan=0.0)
+
+
+# ------------------------------------------------- attention (chapters 1, 2 and 5)
+
+
+def attention_unscaled(q, k, v, mask=None):
+    """softmax(q k^T) without 1/sqrt(d_k): too sharp, no error (P12)."""
+    w = _guarded_softmax(_masked(_scores(q, k, 1.0), mask))
+    return w @ v, w
+
+
+def attention_scaled_by_d_k(q, k, v, mask=None):
+    """Divides by d_k instead of sqrt(d_k): too flat."""
+    w = _guarded_softmax(_masked(_scores(q, k, 1 / q.shape[-1]), mask))
+    return w @ v, w
+
+
+def attention_softmax_over_queries(q, k, v, mask=None):
+    """softmax(dim=-2): each key's column sums to 1, and the future leaks (P11)."""
+    w = softmax_over_queries(_scores(q, k), mask)
+    return w @ v, w
+
+
+def attention_softmax_over_batch(q, k, v, mask=None):
+    """softmax(dim=0): batch items mix; with one item every weight is 1 (P11)."""
+    w = torch.nan_to_num(torch.softmax(_masked(_scores(q, k), mask), dim=0), nan=0.0)
+    return w @ v, w
+
+
+def attention_inverted_mask(q, k, v, mask=None):
+    """Fills where the mask is True: attends exactly where it must not (P3)."""
+    w = softmax_inverted_mask(_scores(q, k), mask)
+    return w @ v, w
+
+
+def attention_ignores_mask(q, k, v, mask=None):
+    """Never applies the mask."""
+    w = torch.softmax(_scores(q, k), dim=-1)
+    return w @ v, w
+
+
+def attention_no_guard(q, k, v, mask=None):
+    """-inf fill and torch.softmax: NaN for a query with no visible key (P1)."""
+    w = softmax_unguarded(_scores(q, k), mask)
+    return w @ v, w
+
+
+def attention_large_negative(q, k, v, mask=None):
+    """-1e9 fill: a query with no visible key averages all values (P6)."""
+    w = softmax_large_negative(_scores(q, k), mask)
+    return w @ v, w
+
+
+def attention_mask_after_softmax(q, k, v, mask=None):
+    """Zeroes the masked weights after the softmax, which already counted them.
+
+    The masked keys' scores are still in the denominator, so the visible weights
+    depend on the future."""
+    w = softmax_then_zero(_scores(q, k), mask)
+    return w @ v, w
+
+
+def attention_ignores_qk(q, k, v, mask=None):
+    """A uniform average over the visible keys: q and k are never used."""
+    w = torch.zeros(q.shape[:-1] + k.shape[-2:-1], dtype=v.dtype)
+    w = _guarded_softmax(_masked(w, mask))
+    return w @ v, w
+
+
+def attention_out_only(q, k, v, mask=None):
+    """Returns only the output where ``(out, weights)`` is asked."""
+    w = _guarded_softmax(_masked(_scores(q, k), mask))
+    return w @ v
+
+
+def attention_mask_on_queries(q, k, v, mask=None):
+    """Applies the transposed mask: hides queries' columns instead of keys (P5)."""
+    if mask is not None and mask.shape[-1] == mask.shape[-2]:
+        mask = mask.transpose(-2, -1)
+    w = _guarded_softmax(_masked(_scores(q, k), mask))
+    return w @ v, w
+
+
+def attention_buggy(q, k, v, mask=None):
+    """Chapter 2's "find the bug": softmax over the batch, inverted mask, no guard."""
+    scores = _scores(q, k)
+    if mask is not None:
+        scores = scores.masked_fill(mask, _INF)
+    w = torch.softmax(scores, dim=0)
+    return w @ v, w
+
+
+def _masked(scores: Tensor, mask: Tensor | None) -> Tensor:
+    return scores if mask is None else scores.masked_fill(~mask, _INF)
+
+
+# ------------------------------------------------------- heads (chapter 3)
+
+
+def split_heads_view_only(x: Tensor, n_heads: int) -> Tensor:
+    """view(B, H, T, d_k) directly: a head gets features of several tokens (P8)."""
+    B, T, D = x.shape
+    return x.view(B, n_heads, T, D // n_heads)
+
+
+def split_heads_no_transpose(x: Tensor, n_heads: int) -> Tensor:
+    """view(B, T, H, d_k) without the transpose: axis 1 is still the tokens."""
+    B, T, D = x.shape
+    return x.view(B, T, n_heads, D // n_heads)
+
+
+def split_heads_interleaved(x: Tensor, n_heads: int) -> Tensor:
+    """Head h takes every H-th feature instead of one contiguous slice."""
+    B, T, D = x.shape
+    return x.view(B, T, D // n_heads, n_heads).permute(0, 3, 1, 2)
+
+
+def merge_heads_no_transpose(heads: Tensor) -> Tensor:
+    """(B, H, T, d_k) reshaped straight to (B, T, H*d_k): tokens mixed (P9)."""
+    B, H, T, d = heads.shape
+    return heads.reshape(B, T, H * d)
+
+
+def merge_heads_no_reshape(heads: Tensor) -> Tensor:
+    """transpose(1, 2) only: (B, T, H, d_k), the heads are never concatenated."""
+    return heads.transpose(1, 2)
+
+
+def merge_heads_interleaved(heads: Tensor) -> Tensor:
+    """Concatenates feature by feature (d_k, H) instead of head by head (H, d_k)."""
+    B, H, T, d = heads.shape
+    return heads.permute(0, 2, 3, 1).reshape(B, T, H * d)
+
+
+def _split(x, n_heads):
+    B, T, D = x.shape
+    return x.view(B, T, n_heads, D // n_heads).transpose(1, 2)
+
+
+def _merge(heads):
+    B, H, T, d = heads.shape
+    return heads.transpose(1, 2).reshape(B, T, H * d)
+
+
+def _multi_head(query, key, value, w_q, w_k, w_v, w_o, n_heads, mask=None, *,
+                proj=lambda x, w: x @ w.T, split=_split, merge=_merge,
+                attention=None, out_proj=True):
+    from transformer_course.attention import scaled_dot_product_attention
+
+    attention = attention or scaled_dot_product_attention
+    q, k, v = (split(proj(x, w), n_heads)
+               for x, w in ((query, w_q), (key, w_k), (value, w_v)))
+    out, weights = attention(q, k, v, mask)
+    out = merge(out)
+    return (proj(out, w_o) if out_proj else out), weights
+
+
+def multi_head_x_at_w(*args, **kwargs):
+    """x @ w (the paper's Q W^Q) with weights stored (out, in) as in nn.Linear."""
+    return _multi_head(*args, **kwargs, proj=lambda x, w: x @ w)
+
+
+def multi_head_split_view_only(*args, **kwargs):
+    """Heads split with view(B, H, T, d_k) (P8)."""
+    return _multi_head(*args, **kwargs, split=split_heads_view_only)
+
+
+def multi_head_merge_no_transpose(*args, **kwargs):
+    """Heads merged with a straight reshape (P9)."""
+    return _multi_head(*args, **kwargs, merge=merge_heads_no_transpose)
+
+
+def multi_head_inverted_mask(*args, **kwargs):
+    """The mask read with PyTorch's polarity, True = blocked (P3)."""
+    return _multi_head(*args, **kwargs, attention=attention_inverted_mask)
+
+
+def multi_head_no_out_proj(*args, **kwargs):
+    """The concatenated heads are returned without the output projection w_o."""
+    return _multi_head(*args, **kwargs, out_proj=False)
+
+
+def multi_head_scaled_by_d_model(query, key, value, w_q, w_k, w_v, w_o, n_heads,
+                                 mask=None):
+    """Scores divided by sqrt(d_model) instead of sqrt(d_k) of one head."""
+    d_model = query.shape[-1]
+
+    def attention(q, k, v, m):
+        w = _guarded_softmax(_masked(_scores(q, k, 1 / math.sqrt(d_model)), m))
+        return w @ v, w
+
+    return _multi_head(query, key, value, w_q, w_k, w_v, w_o, n_heads, mask,
+                       attention=attention)
+
+
+def multi_head_averaged_weights(*args, **kwargs):
+    """Returns the weights averaged over the heads, (B, T, S) (P13)."""
+    out, weights = _multi_head(*args, **kwargs)
+    return out, weights.mean(1)
+
+
+# --------------------------------------------------------- masks (chapter 5)
+
+
+def causal_mask_top_left(q_len: int, k_len: int) -> Tensor:
+    """tril of a (T, S) matrix: right only when T == S; with a cache query 0 sees
+    only key 0."""
+    return torch.ones(q_len, k_len, dtype=torch.bool).tril()
+
+
+def causal_mask_inverted(q_len: int, k_len: int) -> Tensor:
+    """True marks the future (triu): the blocked convention."""
+    return torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - q_len).logical_not()
+
+
+def causal_mask_no_diagonal(q_len: int, k_len: int) -> Tensor:
+    """j < i instead of j <= i: a token may not see itself."""
+    return torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - q_len - 1)
+
+
+def causal_mask_wrong_offset(q_len: int, k_len: int) -> Tensor:
+    """tril(q_len - k_len): the offset's sign is flipped."""
+    return torch.ones(q_len, k_len, dtype=torch.bool).tril(q_len - k_len)
+
+
+def padding_mask_query_axis(tokens: Tensor, pad_id: int) -> Tensor:
+    """(B, 1, S, 1): hides padded queries (rows), not padded keys (P5)."""
+    return (tokens != pad_id)[:, None, :, None]
+
+
+def padding_mask_inverted(tokens: Tensor, pad_id: int) -> Tensor:
+    """True marks the padding."""
+    return (tokens == pad_id)[:, None, None, :]
+
+
+# ------------------------------------------------- the chapters' "find the bug" code
+
+
+def split_qkv_per_head(qkv: Tensor, n_heads: int):
+    """Reads fused features as [q_0 k_0 v_0 | q_1 k_1 v_1 | ...] (per head)."""
+    B, T, D3 = qkv.shape
+    parts = qkv.reshape(B, T, n_heads, 3, D3 // (3 * n_heads)).permute(3, 0, 2, 1, 4)
+    return parts[0], parts[1], parts[2]
+
+
+def merge_folded_heads_buggy(heads: Tensor, n_heads: int) -> Tensor:
+    """Chapter 3's bug: (B * H, T, d_k) -> (T, B * H, d_k) -> reshape; right only
+    for a batch of one."""
+    BH, T, d_k = heads.shape
+    return heads.transpose(0, 1).reshape(BH // n_heads, T, n_heads * d_k)
+
+
+def decoder_mask_buggy(tokens: Tensor, pad_id: int) -> Tensor:
+    """Chapter 5's bug: padding on the query axis (P5), combined with "or"."""
+    T = tokens.shape[1]
+    keep = (tokens != pad_id)[:, None, :, None]
+    return keep | torch.ones(T, T, dtype=torch.bool).tril()
+
+
+def masked_attention_axis_renorm(q, k, v, mask):
+    """Chapter 5's bug: softmax over the queries, masked and renormalised (P11, P1)."""
+    w = torch.softmax(_scores(q, k), dim=-2).masked_fill(~mask, 0.0)
+    w = w / w.sum(dim=-1, keepdim=True)
+    return w @ v
