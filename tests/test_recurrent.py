@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from transformer_course.attention import additive_attention
+from transformer_course.checks import CheckError, check_encoder_attention
 from transformer_course.data import BOS_ID
 from transformer_course.model import TransformerConfig, make_model
 from transformer_course.recurrent import (
@@ -139,3 +140,36 @@ def test_copy_accuracy_scores_right_and_wrong_answers():
     gen = torch.Generator().manual_seed(0)
     assert copy_accuracy(_Oracle(True), 9, V, generator=gen) == 1.0
     assert copy_accuracy(_Oracle(False), 9, V, generator=gen) < 0.5  # known-wrong
+
+
+# ------------------------------------------- the chapter 1 exercise's self-check
+
+
+def _encoder_attention(dec, memory, w_q, w_k, w_score, *, axis=-1, tanh=True):
+    features = (dec @ w_q.T).unsqueeze(-2) + (memory @ w_k.T).unsqueeze(-3)  # (B,T,S,A)
+    scores = (features.tanh() if tanh else features) @ w_score  # (B, T, S)
+    weights = scores.softmax(axis)
+    return weights @ memory, weights
+
+
+def test_check_encoder_attention_passes_the_reference():
+    assert check_encoder_attention(_encoder_attention) is True
+
+
+@param("wrong,match", [
+    (lambda *a: _encoder_attention(*a, axis=1), "decoder steps"),
+    (lambda *a: _encoder_attention(*a, tanh=False), "tanh"),
+    (lambda d, m, *a: (m[:, -1:].expand_as(d), _encoder_attention(d, m, *a)[1] * 0),
+     "bottleneck"),
+    (lambda *a: _encoder_attention(*a)[0], "tuple"),
+])
+def test_check_encoder_attention_names_the_mistake(wrong, match):
+    with pytest.raises(CheckError, match=match):
+        check_encoder_attention(wrong)
+
+
+def test_check_encoder_attention_reports_a_stub_as_not_attempted():
+    def stub(*args):
+        raise NotImplementedError
+
+    assert check_encoder_attention(stub) is False

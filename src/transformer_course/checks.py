@@ -1069,3 +1069,53 @@ def check_teacher_forcing_loss(fn: Callable[..., Tensor]) -> bool:
     _fail(f"loss = {got.item():.5f}, expected {want.item():.5f}",
           "logits = model(src, tgt[:, :-1]); compare logits.reshape(-1, V) with "
           "tgt[:, 1:].reshape(-1).")
+
+
+# ------------------------------------ chapter 1: from recurrence to attention (issue 19)
+
+
+@not_attempted_is_false
+def check_encoder_attention(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
+    """Chapter 1, exercise "attention over the encoder states": ``fn(dec, memory, w_q,
+    w_k, w_score)`` with decoder states dec (B, T, H), encoder states memory (B, S, H),
+    w_q and w_k (A, H), w_score (A,) must return ``(context, weights)``, (B, T, H) and
+    (B, T, S): additive attention with the encoder states as keys and values
+    (``attention.additive_attention``; Bahdanau et al. 2015, section 3.1).
+
+    Raises:
+        CheckError: with a hint for the usual mistakes: the softmax over the decoder
+            steps instead of the encoder states, a missing tanh, only the last encoder
+            state (the fixed-size bottleneck), or wrong shapes.
+    """
+    from transformer_course.attention import additive_attention
+
+    gen = torch.Generator().manual_seed(19)
+    for b, t, s, h, a in ((2, 3, 5, 4, 6), (1, 4, 4, 8, 3), (3, 1, 7, 5, 5)):
+        dec, memory = torch.randn(b, t, h, generator=gen), torch.randn(b, s, h, generator=gen)
+        w_q, w_k = torch.randn(a, h, generator=gen), torch.randn(a, h, generator=gen)
+        w_score = torch.randn(a, generator=gen)
+        result = fn(dec, memory, w_q, w_k, w_score)
+        if not (isinstance(result, tuple) and len(result) == 2):
+            _fail("expected a tuple (context, weights)",
+                  "return the weighted sum of the encoder states and the weights.")
+        context, weights = result
+        check_shape(weights, (b, t, s), "weights")
+        check_shape(context, (b, t, h), "context")
+        want, want_w = additive_attention(dec, memory, memory, w_q, w_k, w_score)
+        if torch.allclose(weights, want_w, atol=1e-5):
+            check_close(context, want, atol=1e-5, name="context")
+            continue
+        features = (dec @ w_q.T).unsqueeze(-2) + (memory @ w_k.T).unsqueeze(-3)
+        if t > 1 and torch.allclose(weights, (features.tanh() @ w_score).softmax(1),
+                                    atol=1e-5):
+            _fail("your weights sum to 1 over the decoder steps, not over the encoder "
+                  "states", "take the softmax over the last axis (dim=-1), the keys.")
+        if torch.allclose(weights, (features @ w_score).softmax(-1), atol=1e-5):
+            _fail("your scores miss the tanh", "score = w_score . tanh(W_q d + W_k m).")
+        if torch.allclose(context, memory[:, -1:].expand(b, t, h), atol=1e-5):
+            _fail("your context is the last encoder state for every step: that is the "
+                  "fixed-size bottleneck attention removes",
+                  "weight every encoder state by its softmax score and sum.")
+        check_close(weights, want_w, atol=1e-5, name="weights")
+    return _passed("attention over the encoder states matches additive_attention on 3 "
+                   "random inputs")
