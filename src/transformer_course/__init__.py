@@ -3,6 +3,7 @@
 Each module holds one concept and is derived in one chapter of the book:
 
 - ``device``     picking CPU / CUDA / MPS and seeding (preface)
+- ``recurrent``  LSTM encoder-decoders with and without attention, copy task (chapter 1)
 - ``masks``      boolean attention masks, True = may attend (chapters 1, 5)
 - ``attention``  scaled dot-product, additive and multi-head attention (chapters 1-3)
 - ``positional`` sinusoidal, learned, rotary and ALiBi positions (chapter 4)
