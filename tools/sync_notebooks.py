@@ -101,6 +101,8 @@ def _role(match: re.Match) -> str:
         return "[" + "; ".join(key.strip() for key in text.split(",")) + "]"
     if role == "math":
         return f"${text}$"
+    if role.startswith("glue"):  # a number glued by a cell: the cell prints it too
+        return "[printed above]"
     title = re.match(r"^(.*?)\s*<[^>]+>$", text)
     return title.group(1) if title else text
 

@@ -3,6 +3,7 @@
 One concept per module, each derived in a chapter of the book:
 
 - ``device``      picking CPU / CUDA / MPS and seeding (preface)
+- ``recurrent``   LSTM encoder-decoders with and without attention, copy task (chapter 1)
 - ``masks``       boolean attention masks, True = may attend (chapters 1, 5)
 - ``additive``    additive (Bahdanau) attention (chapter 1)
 - ``attention``   scaled dot-product attention, the backend registry and one

@@ -22,6 +22,7 @@ from transformer_course.exercises._common import (
 )
 from transformer_course.exercises.ch01 import (
     check_dot_product_attention,
+    check_encoder_attention,
     check_soft_lookup,
 )
 from transformer_course.exercises.ch02 import (
@@ -73,6 +74,7 @@ __all__ = [
     "check_close",
     "check_decoder_mask",
     "check_dot_product_attention",
+    "check_encoder_attention",
     "check_fully_masked_rows",
     "check_label_smoothed_loss",
     "check_mask_polarity",

@@ -10,6 +10,7 @@ import torch
 from transformer_course.attention import scaled_dot_product_attention
 from transformer_course.exercises import pitfalls
 from transformer_course.exercises._common import (
+    ShapeError,
     Tensor,
     check_close,
     check_shape,
@@ -106,3 +107,65 @@ def check_dot_product_attention(
                     "the batch.",
                 )
     return passed("batched dot-product attention matches the reference on 3 random inputs")
+
+
+@exercise_check
+def check_encoder_attention(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
+    """Chapter 1, exercise "attention over the encoder states": ``fn(dec, memory, w_q,
+    w_k, w_score)`` with decoder states dec (B, T, H), encoder states memory (B, S, H),
+    w_q and w_k (A, H), w_score (A,) must return ``(context, weights)``, (B, T, H) and
+    (B, T, S): additive attention with the encoder states as keys and values
+    (``additive.additive_attention``; Bahdanau et al. 2015, section 3.1).
+
+    Raises:
+        CheckError: with a hint for the usual mistakes: the softmax over the decoder
+            steps instead of the encoder states, a missing tanh, only the last encoder
+            state (the fixed-size bottleneck), or wrong shapes.
+    """
+    from transformer_course.additive import additive_attention
+
+    gen = torch.Generator().manual_seed(19)
+    for b, t, s, h, a in ((2, 3, 5, 4, 6), (1, 4, 7, 8, 3), (3, 1, 7, 5, 2)):
+        dec = torch.randn(b, t, h, generator=gen)
+        memory = torch.randn(b, s, h, generator=gen)
+        w_q = torch.randn(a, h, generator=gen)
+        w_k = torch.randn(a, h, generator=gen)
+        w_score = torch.randn(a, generator=gen)
+        result = fn(dec, memory, w_q, w_k, w_score)
+        if not (isinstance(result, tuple) and len(result) == 2):
+            fail(
+                "expected a tuple (context, weights)",
+                "return the weighted sum of the encoder states and the weights.",
+                kind=ShapeError,
+            )
+        context, weights = result
+        check_shape(weights, (b, t, s), "weights")
+        check_shape(context, (b, t, h), "context")
+        want, want_w = additive_attention(dec, memory, memory, w_q, w_k, w_score)
+        if torch.allclose(weights, want_w, atol=1e-5):
+            check_close(context, want, atol=1e-5, name="context")
+            continue
+        # (B, T, 1, A) + (B, 1, S, A) -> (B, T, S, A)
+        features = (dec @ w_q.T).unsqueeze(-2) + (memory @ w_k.T).unsqueeze(-3)
+        wrong_axis = (features.tanh() @ w_score).softmax(1)
+        if t > 1 and torch.allclose(weights, wrong_axis, atol=1e-5):
+            fail(
+                "your weights sum to 1 over the decoder steps, not over the encoder "
+                "states",
+                "which axis of the scores holds the keys?",
+            )
+        if torch.allclose(weights, (features @ w_score).softmax(-1), atol=1e-5):
+            fail(
+                "your scores miss the tanh",
+                "compare your score with equation (6) of Bahdanau et al.",
+            )
+        if torch.allclose(context, memory[:, -1:].expand(b, t, h), atol=1e-5):
+            fail(
+                "your context is the last encoder state for every step: that is the "
+                "fixed-size bottleneck attention removes",
+                "every encoder state should contribute, by its weight.",
+            )
+        check_close(weights, want_w, atol=1e-5, name="weights")
+    return passed(
+        "attention over the encoder states matches additive_attention on 3 random inputs"
+    )
