@@ -195,8 +195,10 @@ def sdpa_attention(
     Same arguments, checks and mask convention (True = may attend) as
     ``scaled_dot_product_attention``. Fused kernels do not materialise the weights, so
     the second return value is ``None``. Queries with no visible key get a zero output
-    (PyTorch would return NaN for them): their mask row is opened before the call and
-    their output zeroed after, so no NaN reaches the gradients either (pitfall P1).
+    on every backend: PyTorch's SDPA returns zeros for them on CPU and CUDA since 2.5
+    (pytorch/pytorch PR 133882) but NaN on MPS and in older versions, so their mask row
+    is opened before the call and their output zeroed after, and no NaN reaches the
+    gradients either (pitfall P1).
     """
     check_qkv(q, k, v)
     _check_dropout_p(dropout_p)
