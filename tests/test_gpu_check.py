@@ -42,7 +42,8 @@ def test_every_step_runs_on_the_cpu_and_writes_the_report(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     text = out.read_text()
     for title in ("Device selection", "Training the library's DecoderOnlyLM",
-                  "Triton FlashAttention", "0 failed check(s)"):
+                  "Triton FlashAttention", "Running out of memory",
+                  "0 failed check(s)"):
         assert title in text
     if importlib.util.find_spec("triton") is not None:  # every dtype the kernel promises
         for dtype in ("float32", "float16", "bfloat16"):
@@ -63,3 +64,31 @@ def test_a_wrong_backend_is_reported(monkeypatch):
     module.check_device(report, torch.device("cpu"))
     assert any(f.startswith("unscaled") for f in report.failures), report.failures
     assert not any(f.startswith(("naive", "sdpa")) for f in report.failures)
+
+
+def test_out_of_memory_is_caught_and_the_longest_length_reported():
+    module = load()
+
+    def runs_out_above_128(q, k, v):
+        if q.shape[-2] > 128:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return module.naive_attention(q, k, v)
+
+    report = module.Report()
+    module.check_out_of_memory(report, torch.device("cpu"), start=32, limit=4096,
+                               heads=1, attend=runs_out_above_128)
+    text = "\n".join(report.lines)
+    assert "longest length that ran: 128; OutOfMemoryError at T = 256" in text
+    assert not report.failures
+
+
+def test_a_length_that_never_runs_is_a_failure():
+    module = load()
+
+    def always_out(q, k, v):
+        raise torch.cuda.OutOfMemoryError("simulated")
+
+    report = module.Report()
+    module.check_out_of_memory(report, torch.device("cpu"), start=32, limit=64,
+                               heads=1, attend=always_out)
+    assert report.failures

@@ -13,7 +13,10 @@ Steps (each prints what it measured; any failed check exits 1):
    fall, and greedy generation with the KV cache must equal generation without it;
 3. the Triton FlashAttention kernel (``triton_kernels.flash_attention``, if present):
    agreement with PyTorch's SDPA (causal, padding mask, T not a multiple of the block),
-   then its time and TFLOP/s against ``F.scaled_dot_product_attention`` for growing T.
+   then its time and TFLOP/s against ``F.scaled_dot_product_attention`` for growing T;
+4. running out of memory: naive attention (the full (B, H, T, T) scores) at doubling T
+   until ``torch.cuda.OutOfMemoryError``, which is caught and reported with the longest
+   length that ran, next to the fused SDPA at the length that failed.
 
 Writes ``benchmarks/gpu-results.md``. Sized for one H100/H200 well within 8 minutes.
 Without a CUDA GPU it says so and exits 0 (nothing is written).
@@ -243,6 +246,68 @@ def check_triton(report: Report, device: torch.device, *, lengths: list[int],
     report.table(rows)
 
 
+# -- 4. running out of memory -----------------------------------------------------------
+
+def naive_attention(q, k, v):
+    """The three steps with the (B, H, T, T) scores and weights in full."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def check_out_of_memory(report: Report, device: torch.device, *, start: int,
+                        limit: int, heads: int, attend=naive_attention):
+    """Double T from ``start`` until ``attend`` raises OutOfMemoryError or T > limit."""
+    report.section("Running out of memory: naive attention at growing T")
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    rows, largest, failed_at, t = [], None, None, start
+    while t <= limit:
+        try:
+            q, k, v = (torch.randn(1, heads, t, 64, device=device, dtype=dtype)
+                       for _ in range(3))
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            out = attend(q, k, v)
+            sync(device)
+            peak = (torch.cuda.max_memory_allocated(device) / 2**30
+                    if device.type == "cuda" else float("nan"))
+            rows.append({"T": t, "ran": "yes", "peak GiB": peak})
+            largest = t
+            del q, k, v, out
+        except torch.OutOfMemoryError:  # torch.cuda.OutOfMemoryError is this class
+            failed_at = t
+            rows.append({"T": t, "ran": "OutOfMemoryError", "peak GiB": float("nan")})
+            break
+        finally:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        t *= 2
+    total = (torch.cuda.get_device_properties(device).total_memory / 2**30
+             if device.type == "cuda" else float("nan"))
+    report.line(f"1 sequence, {heads} heads, d_k = 64, "
+                f"{str(dtype).removeprefix('torch.')}; device memory {total:.0f} GiB:")
+    report.line("")
+    report.table(rows)
+    report.line("")
+    if failed_at is None:
+        report.line(f"no OutOfMemoryError up to T = {limit}; longest that ran: {largest}")
+    else:
+        report.line(f"longest length that ran: {largest}; OutOfMemoryError at T = "
+                    f"{failed_at}")
+        try:  # the fused kernel never holds the scores: does it fit where naive failed?
+            q, k, v = (torch.randn(1, heads, failed_at, 64, device=device, dtype=dtype)
+                       for _ in range(3))
+            F.scaled_dot_product_attention(q, k, v)
+            sync(device)
+            report.line(f"F.scaled_dot_product_attention at T = {failed_at}: ran")
+        except torch.OutOfMemoryError:
+            report.line(f"F.scaled_dot_product_attention at T = {failed_at}: also "
+                        "OutOfMemoryError")
+        finally:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    report.check(largest is not None, "naive attention ran at the smallest length")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cpu-smoke", action="store_true",
@@ -253,11 +318,13 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device("cpu")
         sizes = {"steps": 30, "d_model": 64, "n_layers": 1, "batch": 8, "block": 32}
         lengths, repeat = [32], 1
+        oom = {"start": 64, "limit": 256, "heads": 2}
     elif torch.cuda.is_available():
         device = torch.device("cuda")
         sizes = {"steps": 1500, "d_model": 384, "n_layers": 6, "batch": 64,
                  "block": 256}
         lengths, repeat = [1024, 2048, 4096, 8192, 16384], 20
+        oom = {"start": 4096, "limit": 2**20, "heads": 32}
     else:
         print("gpu-check: no CUDA GPU on this machine; nothing to check. Run `make "
               "gpu-check` on a machine with an NVIDIA GPU (the chapters themselves use "
@@ -281,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         lambda: check_device(report, device),
         lambda: check_training(report, device, **sizes),
         lambda: check_triton(report, device, lengths=lengths, repeat=repeat),
+        lambda: check_out_of_memory(report, device, **oom),
     ]
     for step in steps:
         try:

@@ -121,10 +121,13 @@ def sdpa_attention(
 ) -> tuple[Tensor, None]:
     """PyTorch's fused ``F.scaled_dot_product_attention`` behind this signature.
 
-    Same arguments, checks and mask convention as ``scaled_dot_product_attention``;
-    the weights are not materialised (``None``). A query with no visible key gets a zero
-    output, not PyTorch's NaN: its mask row is opened before the call and its output
-    zeroed after, so no NaN reaches the gradients either (P1). A ``bias`` goes to
+    Same arguments, checks and mask convention (True = may attend) as
+    ``scaled_dot_product_attention``. Fused kernels do not materialise the weights, so
+    the second return value is ``None``. Queries with no visible key get a zero output
+    on every backend: PyTorch's SDPA returns zeros for them on CPU and CUDA since 2.5
+    (pytorch/pytorch PR 133882) but NaN on MPS and in older versions, so their mask row
+    is opened before the call and their output zeroed after, and no NaN reaches the
+    gradients either (pitfall P1). A ``bias`` goes to
     PyTorch as a float ``attn_mask``, -inf where ``mask`` is False.
     """
     _validation.qkv(q, k, v)

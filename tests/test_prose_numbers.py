@@ -1,0 +1,248 @@
+"""No number that a cell computes is typed into a chapter's prose.
+
+The preface promises that every number in the text is printed by the code beside it. This
+test scans the prose of every chapter (book/NN_*.md: the markdown between the code cells,
+including exercise and solution text) for digits, and accepts a digit only where it cannot
+be a computed outcome:
+
+- inside a code cell, a fenced or indented code block, inline code or a formula ($...$);
+- inside a role: {glue:text}`name`, {cite}`key`, {numref}, ...;
+- in a name that contains letters (float32, int8, 2-D, all-MiniLM-L6-v2, P12);
+- after "section", "equation", "chapter", "figure", "theorem", "table", "issue", "PR"
+  (and their plurals), with the numbers that follow them ("sections 3 and 5",
+  "equations 13-16");
+- 0 and 1 (constants: mean 0, variance 1, sums to 1, position 0);
+- in a phrase of ALLOWED below, each with the reason it is not a computed outcome.
+
+Everything else fails, with the chapter, the line and the sentence, so that a number
+either moves into a cell (printed, or glued with myst-nb's `glue`) or gets an entry here
+with its reason.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTERS = sorted((ROOT / "book").glob("[0-9][0-9]_*.md"))
+
+# phrase (as it reads in the prose; line breaks and runs of spaces match any whitespace,
+# and inline code, roles and formulas inside it are already blank) -> why the number in it
+# is not an outcome a cell computes.
+ALLOWED: dict[str, str] = {
+    # years of a cited work
+    "the 2017 paper": "the year of the cited paper",
+    "The 2017 paper": "the year of the cited paper",
+    # versions and identifiers
+    "Since version 2.5": "the PyTorch release that changed the behaviour (PR 133882)",
+    "Mistral 7B": "a model's name",
+    # chapter 1
+    "passes about 88 in float32": "a property of float32 (ln of its largest value), "
+    "printed by the cell below",
+    "the first 16 numbers of the output vector": "a parameter of the view below",
+    "2. **Sequential computation.**": "the number of a list item",
+    "a random sequence of 8 to 64 symbols": "the task's lengths, parameters of the "
+    "cells below",
+    "fixed-size state, hidden size 64": "a parameter of the model, printed with its "
+    "parameter count below",
+    "on batches of 32 sequences whose length is drawn from 8 to 64": "training "
+    "parameters of the cell below",
+    "64 numbers each": "the hidden size, a parameter of the model",
+    "a batch of 8 sequences": "a parameter of the timing cell below",
+    # chapter 2
+    "10,000 random pairs": "a parameter of the cell below",
+    "scores around 1000": "a parameter of the exercise's check",
+    # chapter 3
+    "with 6 layers of 12 heads": "the model's configuration, printed by the cell below",
+    "trained on batches of 32 made": "the story of a find-the-bug exercise, not a "
+    "measurement",
+    # chapter 4
+    "barely change over 100 positions": "a property of the formula: the slowest pairs "
+    "have wavelengths of thousands of positions (printed in the table above it)",
+    "run it on 7 tokens at once": "a parameter of the cell below",
+    "layer with 4 heads": "a parameter of the experiment",
+    "copy from 2 back": "the name of a task of the experiment",
+    "(head size 16)": "a parameter of the cell below",
+    # chapter 5
+    "(queries 4 and 5)": "the padded positions of the example batch defined above",
+    "for the last 3 of our 6 tokens": "parameters of the cell below",
+    "the keys stay at 8; the last 2 of them": "parameters of the view below",
+    "then 3 new tokens": "a parameter of the cell below",
+    "over all 8 tokens": "a parameter of the cell below",
+    # chapter 6
+    "The numbers 1 to 99,999 are split 80/10/10": "the data set's definition "
+    "(make_translation_data), not a measurement",
+    "with 80 tokens": "the vocabulary size, a parameter",
+    "(id 2)": "a fixed token id of the tokenizer",
+    "below 1,000": "the limit that defines the small numbers, a parameter",
+    "warmup 400, label smoothing 0.1, dropout 0.1 and the gradient norm clipped at 1. "
+    "Every 100 steps": "hyperparameters of the training cell below",
+    "(1,000 numbers)": "a parameter: every tenth of the validation numbers",
+    "(42 happens": "the input the cell translates; the cell prints its split",
+    "80 steps": "a parameter of the runs below",
+    "(beam size 4)": "a parameter of the exercise",
+    "twenties from 60 to 99": "a fact about French numerals",
+    "is 4 x 20 + 10 + 9": "a fact about French numerals",
+    "cross-attention of 97": "the input the exercise asks about",
+    # chapter 7
+    "that is 128 times more": "arithmetic on the two sizes given in the same sentence",
+    "the 32 heads of a mid-sized model": "a parameter of the cell below",
+    "a sequence of 64 tokens": "a parameter of the view below",
+    "64 to 128 rows": "typical block sizes of FlashAttention implementations",
+    "about 3 decimal digits": "a property of float16 (10 mantissa bits)",
+    "near 2 or more": "the exponent that theory predicts, not a measurement",
+    "(beyond 2 once": "the exponent that theory predicts, not a measurement",
+    "One generation of 1024 tokens": "a parameter of the cell below",
+    "up to 1024": "a parameter of the cell below",
+    "uses 32 query heads and 8 key/value heads": "from the Mistral paper, section 2",
+    "about 5% of the original training steps": "from Ainslie et al. 2023, section 2",
+    "stored in 32 or 16 bits": "the sizes of float32 and float16",
+    "A model has 32 layers, 32 query heads": "the exercise's given numbers",
+    "with 8 key/value heads": "the exercise's given numbers",
+    "A GPU has 40 GiB left": "the exercise's given numbers",
+    "(512 KiB)": "the exercise solution's arithmetic",
+    "a quarter of that, 128 KiB": "the exercise solution's arithmetic",
+    "for example 10 sequences": "the exercise solution's arithmetic",
+    "instead of 2.": "the exercise solution's arithmetic",
+}
+
+KEYWORDS = (
+    r"(?:sections?|§|equations?|eqs?\.|chapters?|figures?|figs?\.|theorems?|tables?|"
+    r"issues?|PR|algorithms?|appendix|footnotes?|pitfalls?|lines?)"
+)
+_REF = r"[#(]?\d+(?:\.\d+)*\)?"
+# a keyword followed by numbers joined with -, ., ,, "and", "to", "or"
+NUMBERED = re.compile(
+    KEYWORDS + r"\s+" + _REF + r"(?:\s*(?:-|–|,|and|to|or)\s*" + _REF + r")*",
+    re.IGNORECASE,
+)
+YEAR_AFTER_NAME = re.compile(r"et al\.,? \(?\d{4}\)?")
+ROLE = re.compile(r"\{[\w:.-]+\}`[^`]*`")
+INLINE_CODE = re.compile(r"``.+?``|`(?:[^`\n]|\n(?!\s*\n))+`")
+DISPLAY_MATH = re.compile(r"\$\$.*?\$\$|\\begin\{(\w+\*?)\}.*?\\end\{\1\}", re.DOTALL)
+INLINE_MATH = re.compile(r"(?<!\\)\$[^$\n]+?(?<!\\)\$")
+LINK_TARGET = re.compile(r"\]\([^)]*\)|<https?://[^>]*>|https?://\S+")
+COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
+# a number as a whole token: not part of a word that has letters (float32, 2-D, v2)
+NUMBER = re.compile(r"(?<![\w.\-/])\d+(?:[.,]\d+)*(?:%|x\b)?(?![\w\-])")
+FENCE = re.compile(r"^(`{3,}|~{3,})(.*)$")
+# 0 and 1 as constants of the mathematics (mean 0, variance 1, weight 0, sums to 1,
+# position 0): not outcomes of a cell
+CONSTANTS = {"0", "1"}
+
+
+def prose_of(text: str) -> str:
+    """The prose of a MyST notebook: code cells, code blocks and directive options
+    blanked out (line numbers are kept, so failures can point at the line)."""
+    lines = text.split("\n")
+    if lines and lines[0].strip() == "---":  # jupytext front matter
+        end = next(i for i in range(1, len(lines)) if lines[i].strip() == "---")
+        lines[: end + 1] = [""] * (end + 1)
+    out: list[str] = []
+    stack: list[tuple[str, bool]] = []  # (fence, is_code)
+    prev_blank = True
+    for line in lines:
+        fence = FENCE.match(line.strip())
+        if fence and stack and fence.group(1) == stack[-1][0] and not fence.group(2):
+            stack.pop()
+            out.append("")
+            continue
+        if fence and fence.group(2) and not (stack and stack[-1][1]):
+            info = fence.group(2).strip()
+            is_code = not info.startswith("{") or info.startswith(
+                ("{code-cell}", "{code-block}", "{code}", "{literalinclude}"))
+            stack.append((fence.group(1), is_code))
+            out.append("")
+            continue
+        if fence and not fence.group(2) and not (stack and stack[-1][1]):
+            stack.append((fence.group(1), True))  # a bare ``` opens a code block
+            out.append("")
+            continue
+        in_code = any(code for _, code in stack)
+        option = stack and re.match(r"^\s*:[\w-]+:", line)  # :label:, :class:
+        indented = prev_blank and line.startswith("    ") or (
+            out and out[-1] == "\0" and line.startswith("    "))
+        if in_code or option:
+            out.append("")
+        elif indented:
+            out.append("\0")  # an indented code block, continued while indented
+        else:
+            out.append(line)
+        prev_blank = not line.strip() or (out[-1] == "\0")
+    return "\n".join("" if line == "\0" else line for line in out)
+
+
+def _blank(match: re.Match) -> str:
+    return re.sub(r"[^\n]", " ", match.group(0))
+
+
+def _phrase(phrase: str) -> re.Pattern:
+    return re.compile(r"\s+".join(re.escape(word) for word in phrase.split()))
+
+
+def scan(prose: str) -> tuple[list[tuple[int, str, str]], set[str]]:
+    """(line, number, context) for every digit the rules above do not allow, and the
+    ALLOWED phrases that were used."""
+    text = COMMENT.sub(_blank, prose)
+    for pattern in (DISPLAY_MATH, ROLE, INLINE_CODE, INLINE_MATH, LINK_TARGET):
+        text = pattern.sub(_blank, text)
+    used = set()
+    for phrase in ALLOWED:
+        text, n = _phrase(phrase).subn(_blank, text)
+        if n:
+            used.add(phrase)
+    text = YEAR_AFTER_NAME.sub(_blank, NUMBERED.sub(_blank, text))
+    found = []
+    for match in NUMBER.finditer(text):
+        if match.group(0) in CONSTANTS:
+            continue
+        line = text.count("\n", 0, match.start()) + 1
+        start = max(0, match.start() - 50)
+        context = " ".join(text[start : match.end() + 30].split())
+        found.append((line, match.group(0), context))
+    return found, used
+
+
+def typed_numbers(prose: str) -> list[tuple[int, str, str]]:
+    return scan(prose)[0]
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_no_number_is_typed_into_the_prose(chapter):
+    found = typed_numbers(prose_of(chapter.read_text()))
+    report = "\n".join(f"  {chapter.name}:{line}: {num!r} in '...{ctx}...'"
+                       for line, num, ctx in found)
+    assert not found, (
+        f"{len(found)} number(s) typed into the prose; print them from a cell, glue "
+        f"them, or add the phrase to ALLOWED with a reason:\n{report}")
+
+
+def test_the_scan_finds_a_typed_number():
+    text = "Some prose.\n\n```{code-cell} ipython3\nprint(0.4)\n```\n\n" \
+           "The accuracy is 0.93 at length 64, about 5x faster.\n"
+    found = typed_numbers(prose_of(text))
+    assert [num for _, num, _ in found] == ["0.93", "64", "5x"]
+    assert found[0][0] == 7  # the line of the sentence
+
+
+def test_allowed_places_for_digits_pass():
+    text = (
+        "Section 3.2.1 and equations 13-16 of {cite}`su2021roformer`, chapters 3 and 5, "
+        "a float32 tensor, `x[0, 1]`, $d_k = 64$, {glue:text}`acc:.2f`, "
+        "the 2-D case, pitfall P12, [a link](https://example.com/7).\n\n"
+        "$$\nO(T^2)\n$$\n\n    def f(): return 3\n\n"
+        "```{exercise} Title 7\n:label: ex-1\nText.\n```\n"
+    )
+    assert typed_numbers(prose_of(text)) == []
+
+
+def test_allow_list_entries_are_used_and_have_reasons():
+    used = set()
+    for chapter in CHAPTERS:
+        used |= scan(prose_of(chapter.read_text()))[1]
+    assert all(reason.strip() for reason in ALLOWED.values())
+    unused = sorted(set(ALLOWED) - used)
+    assert not unused, f"ALLOWED phrases found in no chapter (remove them): {unused}"
