@@ -132,6 +132,9 @@ class Captioner(nn.Module):
         self.cfg = cfg
         self.encoder = ImageEncoder(cfg, image_size, patch_size, pool=pool)
         self.decoder = Decoder(cfg)
+        for name, p in self.named_parameters():  # Xavier for matrices, as chapter 6's
+            if p.dim() > 1 and "embed" not in name and "positions" not in name:
+                nn.init.xavier_uniform_(p)  # Transformer (and nn.Transformer) do
 
     def encode(self, images: Tensor) -> tuple[Tensor, Tensor]:
         memory = self.encoder(images)  # (B, N, D)
