@@ -7,7 +7,7 @@ the mistake with a hint that does not give the answer away. It prints
 (``check.strict(fn)`` raises ``CheckError`` instead). An untouched stub prints
 "not attempted yet".
 
-- ``ch01`` ... ``ch07``: the checks of each chapter;
+- ``ch01`` ... ``ch08``: the checks of each chapter;
 - ``pitfalls``: the known-wrong functions the checks recognise;
 - ``public_test``: the public otter test of a coding exercise (shapes and types only).
 """
@@ -63,6 +63,7 @@ from transformer_course.exercises.ch07 import (
     check_repeat_kv,
     check_streaming_attention,
 )
+from transformer_course.exercises.ch08 import check_clip_loss, check_patchify
 
 __all__ = [
     "CheckError",
@@ -71,6 +72,7 @@ __all__ = [
     "check_attention_properties",
     "check_causal_leakage",
     "check_causal_mask",
+    "check_clip_loss",
     "check_close",
     "check_decoder_mask",
     "check_dot_product_attention",
@@ -87,6 +89,7 @@ __all__ = [
     "check_online_softmax",
     "check_padding_invariance",
     "check_padding_mask",
+    "check_patchify",
     "check_quantize_int8",
     "check_repeat_kv",
     "check_rotary_half",

@@ -1,0 +1,115 @@
+"""Chapter 8, attention beyond text: patches and the CLIP-style contrastive loss.
+
+The references are written out here (loops over patches; the loss with explicit sums),
+so a check does not trust the library code it is testing a learner against.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from transformer_course.exercises._common import (
+    ShapeError,
+    Tensor,
+    exercise_check,
+    fail,
+    passed,
+)
+
+
+def _loop_patches(images: Tensor, p: int) -> Tensor:
+    B, H, W = images.shape
+    out = [images[:, r * p : (r + 1) * p, c * p : (c + 1) * p].reshape(B, p * p)
+           for r in range(H // p) for c in range(W // p)]
+    return torch.stack(out, dim=1)  # (B, N, p * p)
+
+
+@exercise_check
+def check_patchify(fn: Callable[[Tensor, int], Tensor]) -> bool:
+    """Chapter 8, exercise "find the bug: patchify": ``fn(images, p)`` must turn
+    (B, H, W) images into (B, N, p * p) square patches, row-major patch order.
+
+    Raises:
+        CheckError: for a wrong shape, the plain ``reshape`` / ``view`` that cuts rows
+            into strips, a column-major patch order, or any other difference.
+    """
+    images = torch.arange(2 * 8 * 12, dtype=torch.float32).reshape(2, 8, 12)
+    want = _loop_patches(images, 4)  # (2, 6, 16)
+    got = fn(images, 4)
+    if not isinstance(got, Tensor) or got.shape != want.shape:
+        shape = tuple(got.shape) if isinstance(got, Tensor) else type(got).__name__
+        fail(
+            f"expected a tensor of shape {tuple(want.shape)} (B, N, p * p), got "
+            f"{shape}",
+            "N = (H / p) * (W / p) patches of p * p pixels each.",
+            kind=ShapeError,
+        )
+    if torch.equal(got, want):
+        return passed("square patches in row-major order")
+    if torch.equal(got, images.reshape(2, -1, 16)):
+        fail("each 'patch' is 16 consecutive pixels of one image row (a strip), not a "
+              "4 x 4 square: a reshape keeps the memory order of the pixels",
+              "a square patch takes p pixels from each of p rows: give the rows and "
+              "the columns their own patch and within-patch axes before flattening.")
+    same_set = all(any(torch.equal(a, b) for b in want[0]) for a in got[0])
+    if same_set:
+        fail("the patches are the right squares, in the wrong order",
+              "patch n = r * (W / p) + c: left to right, then top to bottom.")
+    fail("the patches differ from the squares of the image",
+          "compare fn(x, 4)[0, 0] with x[0, :4, :4].flatten().")
+
+
+def _hand_loss(img: Tensor, txt: Tensor, scale: float) -> float:
+    i = F.normalize(img.double(), dim=-1)
+    t = F.normalize(txt.double(), dim=-1)
+    B = len(i)
+    total = 0.0
+    for k in range(B):  # image k among the texts, and text k among the images
+        row = [scale * float(i[k] @ t[j]) for j in range(B)]
+        col = [scale * float(i[j] @ t[k]) for j in range(B)]
+        total += -row[k] + math.log(sum(math.exp(v) for v in row))
+        total += -col[k] + math.log(sum(math.exp(v) for v in col))
+    return total / (2 * B)
+
+
+@exercise_check
+def check_clip_loss(fn: Callable[[Tensor, Tensor, float], Tensor]) -> bool:
+    """Chapter 8, exercise "the symmetric InfoNCE loss": ``fn(image_emb, text_emb,
+    logit_scale)`` on (B, E) embeddings (not yet normalised) must return CLIP's loss.
+
+    Raises:
+        CheckError: for a non-scalar result, missing L2 normalisation, a missing scale,
+            the one-sided loss (images to texts only), or any other difference.
+    """
+    g = torch.Generator().manual_seed(8)
+    img, txt = 3 * torch.randn(6, 5, generator=g), torch.randn(6, 5, generator=g)
+    scale = 4.0
+    want = _hand_loss(img, txt, scale)
+    got = fn(img, txt, scale)
+    if not isinstance(got, Tensor) or got.numel() != 1:
+        fail("expected a scalar loss tensor", "return the mean of the two losses.",
+             kind=ShapeError)
+    got = float(got)
+    if math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-5):
+        return passed("symmetric InfoNCE on normalised embeddings, scaled")
+    labels = torch.arange(6)
+    unnorm = (F.cross_entropy(scale * img @ txt.T, labels)
+              + F.cross_entropy(scale * txt @ img.T, labels)) / 2
+    i, t = F.normalize(img, dim=-1), F.normalize(txt, dim=-1)
+    one_sided = F.cross_entropy(scale * i @ t.T, labels)
+    unscaled = (F.cross_entropy(i @ t.T, labels) + F.cross_entropy(t @ i.T, labels)) / 2
+    for wrong, message, hint in (
+        (unnorm, "the embeddings are not L2-normalised", "F.normalize(x, dim=-1)."),
+        (one_sided, "only the image-to-text direction is scored",
+         "add the cross-entropy of logits.T (texts choosing images) and halve."),
+        (unscaled, "the cosine similarities are not multiplied by logit_scale",
+         "logits = logit_scale * image @ text.T."),
+    ):
+        if math.isclose(got, float(wrong), rel_tol=1e-4):
+            fail(message, hint)
+    fail(f"loss = {got:.5f}, expected {want:.5f}",
+          "labels = torch.arange(B): pair i is the positive of row i and column i.")

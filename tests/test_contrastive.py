@@ -1,0 +1,105 @@
+"""Chapter 8: the CLIP-style symmetric InfoNCE loss and the dual encoder."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from transformer_course.contrastive import (
+    INIT_TEMPERATURE,
+    MAX_LOGIT_SCALE,
+    DualEncoder,
+    LogitScale,
+    contrastive_loss,
+    recall_at_k,
+)
+from transformer_course.model import TransformerConfig
+
+
+def hand_loss(img, txt, scale, symmetric=True):
+    """The loss written out with scalars: cosines, softmax along rows and columns."""
+    B = len(img)
+    def unit(v):
+        norm = math.sqrt(sum(a * a for a in v))
+        return [a / norm for a in v]
+
+    unit_i, unit_t = [unit(v) for v in img.tolist()], [unit(v) for v in txt.tolist()]
+    s = [[scale * sum(a * b for a, b in zip(unit_i[i], unit_t[j])) for j in range(B)]
+         for i in range(B)]
+    rows = [-s[i][i] + math.log(sum(math.exp(s[i][j]) for j in range(B)))
+            for i in range(B)]
+    cols = [-s[j][j] + math.log(sum(math.exp(s[i][j]) for i in range(B)))
+            for j in range(B)]
+    i2t = sum(rows) / B
+    return (i2t + sum(cols) / B) / 2 if symmetric else i2t
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_loss_matches_a_hand_computation(symmetric):
+    g = torch.Generator().manual_seed(0)
+    img, txt = torch.randn(4, 3, generator=g), torch.randn(4, 3, generator=g)
+    got = contrastive_loss(img, txt, 2.5, symmetric=symmetric).item()
+    assert got == pytest.approx(hand_loss(img, txt, 2.5, symmetric), rel=1e-5)
+
+
+def test_symmetric_and_one_sided_differ_and_known_wrong_losses_are_rejected():
+    g = torch.Generator().manual_seed(1)
+    img, txt = torch.randn(5, 4, generator=g), torch.randn(5, 4, generator=g)
+    want = hand_loss(img, txt, 3.0)
+    assert contrastive_loss(img, txt, 3.0, symmetric=False).item() != pytest.approx(want)
+    unnormalised = (torch.nn.functional.cross_entropy(3.0 * img @ txt.T, torch.arange(5))
+                    + torch.nn.functional.cross_entropy(3.0 * txt @ img.T,
+                                                        torch.arange(5))) / 2
+    assert unnormalised.item() != pytest.approx(want)
+    assert contrastive_loss(img, txt, 3.0).item() == pytest.approx(want, rel=1e-5)
+
+
+def test_perfect_pairs_give_a_small_loss_and_random_ones_about_log_b():
+    eye = torch.eye(8)
+    assert contrastive_loss(eye, eye, 100.0).item() < 1e-3
+    g = torch.Generator().manual_seed(2)
+    rand = contrastive_loss(torch.randn(256, 64, generator=g),
+                            torch.randn(256, 64, generator=g), 1.0).item()
+    assert rand == pytest.approx(math.log(256), rel=0.05)
+
+
+def test_loss_rejects_bad_input():
+    with pytest.raises(ValueError, match="image_emb, text_emb"):
+        contrastive_loss(torch.randn(4, 3), torch.randn(5, 3), 1.0)
+    with pytest.raises(ValueError, match="logit_scale"):
+        contrastive_loss(torch.randn(4, 3), torch.randn(4, 3), -1.0)
+
+
+def test_logit_scale_is_initialised_and_clamped_as_clip():
+    scale = LogitScale()
+    assert scale().item() == pytest.approx(1 / INIT_TEMPERATURE)
+    assert isinstance(scale.log_scale, torch.nn.Parameter)
+    with torch.no_grad():
+        scale.log_scale.fill_(10.0)
+    assert scale().item() == pytest.approx(MAX_LOGIT_SCALE)
+    fixed = LogitScale(0.1, learned=False)
+    assert fixed().item() == pytest.approx(10.0)
+    assert not list(fixed.parameters())
+
+
+def test_dual_encoder_gives_unit_vectors_and_ignores_padding():
+    cfg = TransformerConfig(src_vocab_size=10, d_model=16, n_heads=2, d_ff=32,
+                            n_layers=1, dropout=0.0)
+    torch.manual_seed(0)
+    model = DualEncoder(cfg, (8, 16), 4, embed_dim=8).eval()
+    img, txt, _ = model(torch.rand(3, 8, 16), torch.tensor([[4, 5, 0], [6, 0, 0],
+                                                           [7, 8, 9]]))
+    assert img.shape == txt.shape == (3, 8)
+    assert torch.allclose(img.norm(dim=-1), torch.ones(3), atol=1e-5)
+    assert torch.allclose(txt.norm(dim=-1), torch.ones(3), atol=1e-5)
+    alone = model.encode_text(torch.tensor([[6]]))
+    assert torch.allclose(alone[0], txt[1], atol=1e-5)  # padding changes nothing
+
+
+def test_recall_at_k():
+    sim = torch.tensor([[0.9, 0.1, 0.0], [0.2, 0.3, 0.7], [0.0, 0.3, 0.5]])
+    target = torch.tensor([0, 1, 2])
+    assert recall_at_k(sim, target, 1) == pytest.approx(2 / 3)
+    assert recall_at_k(sim, target, 2) == pytest.approx(1.0)
