@@ -1,29 +1,39 @@
-"""End-to-end tests of the instructor workflow (tools/assignments.py, book/instructor_guide.md).
+"""End-to-end tests of the instructor workflow (tools/course_grading, run by
+tools/assignments.py; book/instructor_guide.md).
 
 Builds the otter assignments of chapters 1 and 2 once into a temporary folder, fills the
-student notebooks the way learners (and cheaters) would, grades them all with
+student notebooks the way learners (and cheaters) would, grades them all in one run of
 `tools/assignments.py grade` (what `make grade` runs) and checks grades.csv, the otter
-scores and the feedback files. The malicious submissions pin what plain `otter run`
-lets through without Docker (measured; written up in book/instructor_guide.md) and that
-the grade we record does not rise.
+scores and the feedback files. The in-process attacks pin what plain `otter run` lets
+through and that the grade we record does not rise; the sandbox attacks (SANDBOX_ATTACKS)
+try to reach the instructor's files, other submissions, the library, the network and the
+grader itself, and run where bubblewrap works (else they skip, naming why). The outcomes
+are the table in book/instructor_guide.md.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+import zipfile
 from pathlib import Path
 
 import nbformat
 import pytest
+from course_grading import assign as assignments
+from course_grading.sandbox import bwrap_problem
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import assignments
+LIBRARY = ROOT / "src" / "transformer_course"
+NO_SANDBOX = bwrap_problem()  # None where bubblewrap can run
 
 CHAPTERS = ["01_qkv", "02_scaled_dot_product"]
 # Seconds for one submission's otter run; the infinite loops use all of it.
@@ -78,6 +88,53 @@ _pickle.dump = _forged
 MALICIOUS = {"01_qkv": ["patch_checker", "patch_otter"],
              "02_scaled_dot_product": ["rewrite_hidden_tests", "overwrite_results"]}
 
+MARKER = "forge-grades-8d1f"  # in the command line of the background attack's process
+_FORGER = """import pathlib, sys, time
+for _ in range(900):
+    time.sleep(1)
+    for p in pathlib.Path(sys.argv[1]).glob("**/grades.csv"):
+        p.write_text(p.read_text() + "forged,row\\n")
+"""
+# Attacks on the machine, appended after the last stub of chapter 2's notebook (so they run
+# after every answer); {home}, {subs}, {lib}, {port}, {out} are filled in by the fixture.
+# Each maps to (code, what the flag must say).
+SANDBOX_ATTACKS = {
+    "write_home": ("open({home!r} + '/pwned-by-a-student.txt', 'w').write('pwned')\n",
+                   "Read-only file system"),
+    "write_other_submission": (
+        ("import glob as _g\n"
+        "for _d in _g.glob('/tmp/grade-*/otter'):\n"
+        "    open(_d + '/submission.ipynb', 'w').write('{{}}')\n"
+        "open({subs!r} + '/02_reference.ipynb', 'w').write('{{}}')\n"),
+        "Read-only file system"),
+    "copy_answers": (
+        ("import json as _json\n"
+        "_nb = _json.load(open({subs!r} + '/02_reference.ipynb'))\n"
+        "for _c in _nb['cells']:\n"
+        "    _src = ''.join(_c['source'])\n"
+        "    if _c['cell_type'] == 'code' and _src.startswith('def '):\n"
+        "        exec(_src.split('check_')[0])\n"),
+        "FileNotFoundError"),
+    "overwrite_library": (
+        ("import transformer_course as _tc\n"
+        "for _p in [_tc.__file__, {lib!r} + '/__init__.py']:\n"
+        "    open(_p, 'a').write('\\nraise SystemExit(\"pwned\")\\n')\n"),
+        "Read-only file system"),
+    "open_socket": (
+        ("import socket as _s\n"
+        "_s.create_connection(('127.0.0.1', {port}), timeout=5).sendall(b'answers?')\n"),
+        "ConnectionRefusedError"),
+    "background_process": (
+        ("import subprocess as _sp, sys as _sys\n"
+        "_sp.Popen([_sys.executable, '-c', {forger!r}, {out!r}, {marker!r}],\n"
+        "          start_new_session=True)\n"),
+        "left a process running"),
+    "kill_parent": ("import os as _os, signal as _sig\n_os.kill(_os.getppid(), _sig.SIGKILL)\n",
+                    "otter run failed"),
+    "eat_memory": (("def _eat():\n    _x = []\n    while True:\n        _x.append(bytearray(2**27))\n"
+                   "_eat()\n"), "MemoryError"),
+}
+
 
 def _fill(student_nb: Path, answers: list[str | None], out: Path) -> None:
     nb = nbformat.read(student_nb, as_version=4)
@@ -89,8 +146,10 @@ def _fill(student_nb: Path, answers: list[str | None], out: Path) -> None:
     nbformat.write(nb, out)
 
 
-def _submissions(chapter: str, student_nb: Path, folder: Path) -> dict[str, str]:
-    """Writes this chapter's submissions; returns {student: kind}."""
+def _submissions(chapter: str, student_nb: Path, folder: Path,
+                 fill: dict | None = None) -> dict[str, str]:
+    """Writes this chapter's submissions; returns {student: kind}. ``fill`` (the paths
+    the sandbox attacks aim at) adds them; without it they are left out."""
     exercises = [e for e in assignments.parse_chapter(ROOT / "book" / f"{chapter}.md")
                  if e.coding]
     ref = [f"{e.solution_code}\n\n{e.check}({', '.join(e.functions)});" for e in exercises]
@@ -106,16 +165,60 @@ def _submissions(chapter: str, student_nb: Path, folder: Path) -> dict[str, str]
             *ref[1:]],
     }
     stub0 = nbformat.read(student_nb, as_version=4)
-    first_stub = next(c.source for c in stub0.cells
-                      if "otter_answer_cell" in c.metadata.get("tags", []))
+    stubs_src = [c.source for c in stub0.cells
+                 if "otter_answer_cell" in c.metadata.get("tags", [])]
+    first_stub = stubs_src[0]
     for attack in MALICIOUS[chapter]:
         kinds[attack] = [ATTACKS[attack] + first_stub, *stubs[1:]]
+    if chapter == "02_scaled_dot_product" and fill is not None:
+        for attack, (code, _) in SANDBOX_ATTACKS.items():
+            kinds[attack] = [*stubs[:-1], stubs_src[-1] + "\n\n" + code.format(**fill)]
+        kinds["renamed"] = [r.replace(f, f + "_v2") for r, e in zip(ref, exercises)
+                            for f in e.functions[:1]]
     students = {}
     for kind, answers in kinds.items():
         student = f"{chapter[:2]}_{kind}"
         _fill(student_nb, answers, folder / f"{student}.ipynb")
         students[student] = kind
     return students
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+
+
+def _temp_folders() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).iterdir()
+            if p.name.startswith(("grade-", "recheck-"))}
+
+
+def _stray_processes() -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if MARKER in cmd and "pytest" not in cmd:
+            found.append(cmd)
+    return found
+
+
+class _Listener:
+    """A TCP server on 127.0.0.1 (the instructor's machine) that records connections."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port, self.accepted = self.sock.getsockname()[1], []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                self.accepted.append(self.sock.accept()[1])
+            except OSError:
+                return
 
 
 @pytest.fixture(scope="session")
@@ -126,35 +229,56 @@ def graded(tmp_path_factory):
     start = time.perf_counter()
     done = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "assignments.py"), "assign", "--no-run-tests",
-         "--chapters", *CHAPTERS, "--out", str(dist)],
+         "--chapters", "1", "02", "--out", str(dist)],
         capture_output=True, text=True, timeout=600, check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assign_s = time.perf_counter() - start
+    listener = _Listener()
+    fill = None if NO_SANDBOX else {
+        "home": str(Path.home()), "subs": str(subs), "lib": str(LIBRARY),
+        "port": listener.port, "out": str(base), "forger": _FORGER, "marker": MARKER}
     kinds = {}
     for chapter in CHAPTERS:
-        kinds.update(_submissions(chapter, dist / chapter / "student" / f"{chapter}.ipynb", subs))
+        kinds.update(_submissions(chapter, dist / chapter / "student" / f"{chapter}.ipynb",
+                                  subs, fill))
+    # what grader.export() hands in: a zip holding the notebook under the student's name
+    ref = subs / "02_reference.ipynb"
+    with zipfile.ZipFile(subs / "02_zipped.zip", "w") as z:
+        z.write(ref, "Copy of 02_scaled_dot_product (1).ipynb")
+    kinds["02_zipped"] = "zipped"
+    (subs / "notes.txt").write_text("not a submission")
+    before = {"subs": _digest(subs), "library": _digest(LIBRARY),
+              "temp": _temp_folders(), "home": set(os.listdir(Path.home()))}
     start = time.perf_counter()
+    sandbox = ["--sandbox", "none"] if NO_SANDBOX else []
     done = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "assignments.py"), "grade", str(subs),
          "--assignments", str(dist), "--out", str(out), "--timeout", str(TIMEOUT),
-         "--call-timeout", str(CALL_TIMEOUT), "--jobs", "3"],
+         "--call-timeout", str(CALL_TIMEOUT), "--memory", "3072", "--jobs", "3", *sandbox],
         capture_output=True, text=True, timeout=3600, check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     grade_s = time.perf_counter() - start
     print(f"\nassign {assign_s:.0f} s, grade {len(kinds)} submissions {grade_s:.0f} s\n"
           + done.stdout)
+    time.sleep(3)  # a background process left behind would have written by now
 
     def read(name):
         with open(out / name) as f:
             return {row["student"]: row for row in csv.DictReader(f)}
 
     specs = {c: json.loads((dist / c / "grading.json").read_text()) for c in CHAPTERS}
-    results = {r["student"]: r for r in json.loads((out / "results.json").read_text())}
+    everything = json.loads((out / "results.json").read_text())
+    results = {r["student"]: r for r in everything["results"]}
+    after = {"subs": _digest(subs), "library": _digest(LIBRARY), "temp": _temp_folders(),
+             "home": set(os.listdir(Path.home()))}
+    listener.sock.close()
     return {"dist": dist, "out": out, "kinds": kinds, "grades": read("grades.csv"),
             "otter": read("otter_grades.csv"), "specs": specs, "results": results,
-            "stdout": done.stdout}
+            "stdout": done.stdout, "before": before, "after": after, "listener": listener,
+            "skipped": everything["skipped"], "stray": _stray_processes(),
+            "grades_text": (out / "grades.csv").read_text()}
 
 
 def _possible(graded, chapter):
@@ -242,7 +366,7 @@ def test_an_infinite_loop_is_stopped_and_scores_zero(graded, chapter):
 @pytest.mark.parametrize("chapter,attack", [(c, a) for c in CHAPTERS for a in MALICIOUS[c]])
 def test_malicious_submission_does_not_raise_its_score(graded, chapter, attack):
     student = f"{chapter[:2]}_{attack}"
-    # measured: without Docker, plain `otter run` gives this submission full marks ...
+    # measured: in the sandbox too, otter's own run, plain `otter run` gives this submission full marks ...
     assert _total(graded, "otter", student) == _possible(graded, chapter), (
         f"otter alone no longer falls for {attack}: update book/instructor_guide.md")
     # ... but the grade recorded is that of its (unanswered) stubs, and it is flagged
@@ -253,7 +377,7 @@ def test_malicious_submission_does_not_raise_its_score(graded, chapter, attack):
 
 
 def test_grades_csv_has_one_row_per_student_and_a_column_per_question(graded):
-    grades = graded["grades"]
+    grades = {s: r for s, r in graded["grades"].items() if r["assignment"]}
     assert set(grades) == set(graded["kinds"])
     columns = next(iter(grades.values())).keys()
     for chapter in CHAPTERS:
@@ -262,3 +386,105 @@ def test_grades_csv_has_one_row_per_student_and_a_column_per_question(graded):
     assert "total" in columns
     assert all((graded["out"] / "feedback" / f"{s}.md").exists() for s in grades)
     assert "results:" in graded["stdout"]
+
+
+# ----------------------------------------------------------- issue 18: the instructor side
+
+
+def test_unknown_chapters_and_labels_are_errors_that_list_the_valid_ones(tmp_path):
+    script = [sys.executable, str(ROOT / "tools" / "assignments.py"), "assign",
+              "--no-run-tests", "--out", str(tmp_path)]
+    for extra, valid in ((["--chapters", "99"], "02_scaled_dot_product"),
+                         (["--chapters", "02", "--only", "ex-sdpa-masked-atention"],
+                          "ex-sdpa-masked-attention"),
+                         (["--chapters", "02", "--points", "ex-sdpa-masked-atention=3"],
+                          "ex-sdpa-masked-attention")):
+        done = subprocess.run(script + extra, capture_output=True, text=True, check=False)
+        assert done.returncode != 0, extra
+        assert valid in done.stderr and "valid" in done.stderr, done.stderr
+    assert not any(tmp_path.iterdir())  # nothing built
+    # a chapter number without its leading zero is a chapter
+    assert [p.stem for p in assignments.chapters(["2"])] == ["02_scaled_dot_product"]
+
+
+def test_instructor_copies_are_named_apart_from_the_handout(graded):
+    for chapter in CHAPTERS:
+        handouts = [p for p in (graded["dist"] / chapter).rglob("*.ipynb")
+                    if p.name == f"{chapter}.ipynb"]
+        assert [p.parent.name for p in handouts] == ["student"]
+        for p in (graded["dist"] / chapter).rglob("*.ipynb"):
+            if p.parent.name != "student":
+                assert p.stem.endswith("SOLUTIONS"), p
+                assert "# BEGIN SOLUTION" in p.read_text() or "def " in p.read_text()
+
+
+def test_gradescope_environment_is_pinned_to_the_commit_and_python(graded):
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    for chapter in CHAPTERS:
+        (zip_path,) = (graded["dist"] / chapter / "autograder").glob("*.zip")
+        env = zipfile.ZipFile(zip_path).read("environment.yml").decode()
+        assert f"python={sys.version_info.major}.{sys.version_info.minor}" in env, env
+        assert f"@{head}" in env, env  # the library as it was when this was built
+
+
+def test_public_tests_assert_the_self_check_like_the_hidden_ones(graded):
+    """A public test never says "All test cases passed!" under a failed self-check."""
+    for chapter in CHAPTERS:
+        (zip_path,) = (graded["dist"] / chapter / "autograder").glob("*.zip")
+        for q in graded["specs"][chapter]["questions"]:
+            test = zipfile.ZipFile(zip_path).read(f"tests/{q['name']}.py").decode()
+            assert test.count(f"assert {q['check']}(") == 2, test  # public and hidden
+    wrong = graded["specs"]["02_scaled_dot_product"]["questions"][1]["name"]
+    outputs = graded["results"]["02_half_right"]["otter_tests"][wrong]
+    assert outputs and all("All test cases passed" not in o for o in outputs), outputs
+
+
+def test_a_zip_from_grader_export_is_graded_and_other_files_get_a_row(graded):
+    assert _total(graded, "grades", "02_zipped") == _possible(graded, "02_scaled_dot_product")
+    row = graded["grades"]["notes"]
+    assert row["status"].startswith("skipped notes.txt:") and row["assignment"] == ""
+    assert [s["student"] for s in graded["skipped"]] == ["notes"]
+
+
+def test_renamed_functions_are_flagged_with_the_closest_name(graded):
+    row = graded["grades"]["02_renamed"]
+    assert float(row["total"]) == 0
+    exercises = [e for e in assignments.parse_chapter(ROOT / "book" / "02_scaled_dot_product.md")
+                 if e.coding]
+    for e in exercises:
+        f = e.functions[0]
+        assert f"{f} is not defined (closest name found: {f}_v2)" in row["flags"], row["flags"]
+
+
+def test_no_temporary_folders_are_left_behind(graded):
+    assert graded["after"]["temp"] == graded["before"]["temp"]
+
+
+# ------------------------------------------------------------- issue 17: the sandbox
+
+
+needs_sandbox = pytest.mark.skipif(
+    NO_SANDBOX is not None, reason=f"no sandbox backend can run here: {NO_SANDBOX}")
+
+
+@needs_sandbox
+@pytest.mark.parametrize("attack", list(SANDBOX_ATTACKS))
+def test_sandbox_attack_changes_nothing_and_is_flagged(graded, attack):
+    student = f"02_{attack}"
+    # no more than its honest score (its answers are the stubs: 0), flagged with the reason
+    assert _total(graded, "grades", student) == 0
+    assert _total(graded, "otter", student) == 0
+    assert SANDBOX_ATTACKS[attack][1] in graded["grades"][student]["flags"], (
+        graded["grades"][student]["flags"])
+    assert graded["grades"][student]["sandbox"] == "bwrap"
+    # nothing outside its own folder changed; the honest submissions keep full marks
+    assert graded["after"]["subs"] == graded["before"]["subs"]
+    assert graded["after"]["library"] == graded["before"]["library"]
+    assert not (Path.home() / "pwned-by-a-student.txt").exists()
+    assert graded["listener"].accepted == []
+    assert "\nforged,row" not in graded["grades_text"] and graded["stray"] == []
+    for chapter in CHAPTERS:
+        reference = f"{chapter[:2]}_reference"
+        assert _total(graded, "grades", reference) == _possible(graded, chapter)
+        assert graded["grades"][reference]["flags"] == ""
