@@ -106,7 +106,7 @@ SANDBOX_ATTACKS = {
         "for _d in _g.glob('/tmp/grade-*/otter'):\n"
         "    open(_d + '/submission.ipynb', 'w').write('{{}}')\n"
         "open({subs!r} + '/02_reference.ipynb', 'w').write('{{}}')\n"),
-        "Read-only file system"),
+        "FileNotFoundError"),
     "copy_answers": (
         ("import json as _json\n"
         "_nb = _json.load(open({subs!r} + '/02_reference.ipynb'))\n"
@@ -488,3 +488,54 @@ def test_sandbox_attack_changes_nothing_and_is_flagged(graded, attack):
         reference = f"{chapter[:2]}_reference"
         assert _total(graded, "grades", reference) == _possible(graded, chapter)
         assert graded["grades"][reference]["flags"] == ""
+
+
+def test_student_notebook_checks_work_in_colab_under_any_file_name(tmp_path):
+    """otter refuses tests kept in notebook metadata in Colab ("Tests directory ./tests
+    does not exist") and needs the notebook's file name for them: run the student notebook,
+    answered (one answer wrong), alone in an empty folder under the name a download gives
+    it, with otter's Colab detection on (the kernel looks like Colab's to otter)."""
+    import nbclient
+
+    chapter = "02_scaled_dot_product"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "assignments.py"), "assign", "--no-run-tests",
+         "--chapters", "02", "--out", str(tmp_path / "dist")],
+        capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    student = tmp_path / "dist" / chapter / "student"
+    assert [p.name for p in student.iterdir()] == [f"{chapter}.ipynb"]  # the handout alone
+    nb = nbformat.read(student / f"{chapter}.ipynb", as_version=4)
+    exercises = [e for e in assignments.parse_chapter(ROOT / "book" / f"{chapter}.md")
+                 if e.coding]
+    answers = [f"{e.solution_code}\n\n{e.check}({', '.join(e.functions)});"
+               for e in exercises]
+    answers[1] = WRONG[chapter]
+    cells = [c for c in nb.cells if "otter_answer_cell" in c.metadata.get("tags", [])]
+    for cell, answer in zip(cells, answers):
+        cell.source = answer
+    nb.cells.insert(0, nbformat.v4.new_code_cell(
+        "from otter.check.utils import IPythonInterpreter\n"
+        "IPythonInterpreter.COLAB.value.check_strs.append('ZMQInteractiveShell')"))
+    folder = tmp_path / "colab"
+    folder.mkdir()
+    nbformat.write(nb, folder / f"Copy of {chapter} (1).ipynb")
+    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
+                            resources={"metadata": {"path": str(folder)}}).execute()
+
+    def shown(cell):
+        return "\n".join(str(o.get("text", "")) + str(o.get("data", {}))
+                         + str(o.get("ename", "")) + str(o.get("evalue", ""))
+                         for o in cell.outputs)
+
+    init = next(c for c in nb.cells if "otter.Notebook(" in c.source)
+    assert not any(o.output_type == "error" for o in init.outputs), shown(init)
+    checks = [c for c in nb.cells if c.source.startswith("grader.check(")]
+    assert len(checks) == len(exercises)
+    for cell, ex in zip(checks, exercises):
+        text = shown(cell)
+        assert not any(o.output_type == "error" for o in cell.outputs), text
+        if ex is exercises[1]:  # the wrong answer: the public test fails like the self-check
+            assert "All test cases passed" not in text and "failed" in text, text
+        else:
+            assert "All test cases passed" in text, text

@@ -135,7 +135,7 @@ def _children(pid: int) -> list[int]:
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+            return " ".join(f.read().replace(b"\0", b" ").decode("utf-8", "replace").split())
     except OSError:
         return "?"
 
