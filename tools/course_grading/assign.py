@@ -26,6 +26,7 @@ import nbformat
 import yaml
 from sync_notebooks import install_cell, repository, to_plain_markdown
 
+from course_grading.handout import embed_public_tests
 from course_grading.recheck import check_module
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -268,36 +269,6 @@ def _unknown(option: str, asked, valid: list[str]) -> None:
                          f"chosen chapters; valid labels: {', '.join(valid)}")
 
 
-INIT_CELL = """# Initialize Otter. This writes the public tests next to the notebook, so that
-# grader.check works in Colab and whatever this file is called.
-import pathlib
-
-import otter
-
-PUBLIC_TESTS = {tests!r}
-pathlib.Path("public_tests").mkdir(exist_ok=True)
-for _name, _text in PUBLIC_TESTS.items():
-    pathlib.Path("public_tests", _name).write_text(_text, encoding="utf-8")
-grader = otter.Notebook(tests_dir="public_tests")"""
-
-
-def _embed_public_tests(student: Path) -> None:
-    """Moves the public test files otter wrote into the student notebook's init cell
-    (otter refuses tests kept in notebook metadata in Colab, and needs the notebook's
-    file name for them); the notebook alone is the handout."""
-    folder = student.parent / "tests"
-    tests = {p.name: p.read_text(encoding="utf-8") for p in sorted(folder.glob("*.py"))}
-    nb = nbformat.read(student, as_version=4)
-    for cell in nb.cells:
-        if cell.cell_type == "code" and "otter.Notebook(" in cell.source:
-            cell.source = INIT_CELL.format(tests=tests)
-        if cell.cell_type == "markdown" and "generate a zip file" in cell.source:
-            cell.source += ("\n\nIn Colab, otter cannot export: download this notebook "
-                            "(File -> Download -> Download .ipynb) and hand in that file.")
-    nbformat.write(nb, student)
-    shutil.rmtree(folder)
-
-
 def commit() -> str:
     """The commit of the repository that builds the assignment (the library it pins)."""
     done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
@@ -341,7 +312,7 @@ def assign(args: argparse.Namespace) -> int:
             for ex in exercises
         ]}
         (out / "grading.json").write_text(json.dumps(spec, indent=2))
-        _embed_public_tests(out / "student" / f"{path.stem}.ipynb")
+        embed_public_tests(out / "student" / f"{path.stem}.ipynb")
         # the copies with solutions get names that cannot be mistaken for the handout
         for copy, new in ((out / "autograder" / f"{path.stem}.ipynb", "SOLUTIONS"),
                           (master, "master-SOLUTIONS")):
