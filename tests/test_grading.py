@@ -190,7 +190,7 @@ def _digest(folder: Path) -> dict[str, str]:
 
 def _temp_folders() -> set[str]:
     return {p.name for p in Path(tempfile.gettempdir()).iterdir()
-            if p.name.startswith(("grade-", "recheck-"))}
+            if p.name.startswith(("grade-", "recheck-", "worker-"))}
 
 
 def _stray_processes() -> list[str]:
@@ -226,6 +226,8 @@ def graded(tmp_path_factory):
     base = tmp_path_factory.mktemp("grading")
     dist, subs, out = base / "assignments", base / "submissions", base / "results"
     subs.mkdir()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout.strip()
     start = time.perf_counter()
     done = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "assignments.py"), "assign", "--no-run-tests",
@@ -274,7 +276,8 @@ def graded(tmp_path_factory):
     after = {"subs": _digest(subs), "library": _digest(LIBRARY), "temp": _temp_folders(),
              "home": set(os.listdir(Path.home()))}
     listener.sock.close()
-    return {"dist": dist, "out": out, "kinds": kinds, "grades": read("grades.csv"),
+    return {"dist": dist, "out": out, "subs": subs, "head": head, "kinds": kinds,
+            "grades": read("grades.csv"),
             "otter": read("otter_grades.csv"), "specs": specs, "results": results,
             "stdout": done.stdout, "before": before, "after": after, "listener": listener,
             "skipped": everything["skipped"], "stray": _stray_processes(),
@@ -419,8 +422,7 @@ def test_instructor_copies_are_named_apart_from_the_handout(graded):
 
 
 def test_gradescope_environment_is_pinned_to_the_commit_and_python(graded):
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                          text=True, check=True).stdout.strip()
+    head = graded["head"]  # the commit when the assignments were built
     for chapter in CHAPTERS:
         (zip_path,) = (graded["dist"] / chapter / "autograder").glob("*.zip")
         env = zipfile.ZipFile(zip_path).read("environment.yml").decode()
@@ -539,3 +541,56 @@ def test_student_notebook_checks_work_in_colab_under_any_file_name(tmp_path):
             assert "All test cases passed" not in text and "failed" in text, text
         else:
             assert "All test cases passed" in text, text
+
+
+def test_gradescope_zip_builds_its_environment_and_grades(graded, tmp_path):
+    """The zip the way Gradescope uses it: its environment.yml's Python and pip
+    requirements in a fresh virtual environment (the library from a snapshot of the pinned
+    commit, which is what git+URL@commit installs), then otter grades a submission there."""
+    import yaml
+
+    chapter = "02_scaled_dot_product"
+    (zip_path,) = (graded["dist"] / chapter / "autograder").glob("*.zip")
+    env = yaml.safe_load(zipfile.ZipFile(zip_path).read("environment.yml"))
+    assert f"python={sys.version_info.major}.{sys.version_info.minor}" in env["dependencies"]
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    (library,) = [r for r in pip if r.startswith("transformer_course @ git+")]
+    commit = library.rsplit("@", 1)[1]
+    snapshot = tmp_path / "library"
+    snapshot.mkdir()
+    archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True,
+                             check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(snapshot)], input=archive, check=True)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+         *[r for r in pip if r != library], str(snapshot)],
+        capture_output=True, text=True, env=clean, timeout=3000, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    out = tmp_path / "out"
+    out.mkdir()
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "otter", "run", "--no-logo", "-a", str(zip_path),
+         "-o", str(out), str(graded["subs"] / "02_reference.ipynb")],
+        capture_output=True, text=True, env=clean, cwd=tmp_path, timeout=900, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    results = json.loads((out / "results.json").read_text())
+    total = sum(float(t.get("score") or 0) for t in results["tests"]
+                if t.get("name") != "Public Tests")
+    assert total == _possible(graded, chapter)
+
+
+def test_auto_sandbox_refuses_without_a_backend(tmp_path):
+    """Without bubblewrap on PATH, `make grade` refuses untrusted work and says how to get
+    a sandbox or how to grade without one; nothing is written."""
+    env = {**os.environ, "PATH": str(tmp_path)}  # no bwrap (and nothing else) on PATH
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "assignments.py"), "grade", str(tmp_path),
+         "--assignments", str(tmp_path), "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "refusing to grade" in done.stderr and "bwrap is not installed" in done.stderr
+    assert "apt-get install bubblewrap" in done.stderr and "--sandbox none" in done.stderr
+    assert not (tmp_path / "out").exists()

@@ -158,7 +158,8 @@ class RemoteFunctions:
         self.stray: list[str] = []  # processes the notebook left running
 
     def start(self) -> None:
-        self._cwd = tempfile.TemporaryDirectory(prefix="recheck-")
+        # inside the caller's folder, so a re-check killed at its time limit leaves nothing
+        self._cwd = tempfile.TemporaryDirectory(prefix="worker-", dir=os.getcwd())
         cwd = Path(self._cwd.name)
         cmd = self.sandbox.command([sys.executable, "-m", "course_grading.worker"], cwd)
         self.proc = subprocess.Popen(
