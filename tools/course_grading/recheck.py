@@ -1,0 +1,300 @@
+"""The isolated re-check of a submitted notebook (the trusted side).
+
+otter runs the learner's code and the hidden tests in one Python process, so code in the
+notebook can replace the checker, otter's result objects or ``pickle`` before the tests
+run. Here the checks run in *this* process and only the learner's functions run, inside
+the sandbox, in a worker process (``course_grading.worker``): each call sends its
+arguments to the worker and reads back tensors with ``torch.load(weights_only=True)``,
+which cannot execute code. A call that takes longer than ``call_timeout`` seconds kills
+the worker and fails the question. Gradients flow back through the worker
+(``_RemoteGrad``), so checks that call ``backward`` work too.
+
+    python -m course_grading.recheck SPEC.json SUBMISSION.ipynb SANDBOX.json [CALL_TIMEOUT]
+
+prints ``{question: {"score", "max_score", "message"}, "_setup": {...}}`` as JSON.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import difflib
+import importlib
+import io
+import json
+import os
+import selectors
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from course_grading.sandbox import Sandbox
+from course_grading.wire import recv, send, tensors
+
+# Where the exercise checks live; the first that has the check wins.
+CHECK_MODULES = ("transformer_course.exercises",)
+
+
+def check_module(name: str) -> str:
+    """The module that defines the check ``name``. Raises ``LookupError`` naming them."""
+    for module in CHECK_MODULES:
+        try:
+            if hasattr(importlib.import_module(module), name):
+                return module
+        except ImportError:
+            continue
+    raise LookupError(f"no check {name!r} in {', '.join(CHECK_MODULES)}")
+
+
+def _strip_cell(source: str) -> str:
+    """A code cell without IPython magics/shell lines, otter's ``grader.*`` calls and
+    top-level ``check_*(...)`` self-check calls (the trusted process runs the checks)."""
+    lines = [ln for ln in source.splitlines() if not ln.lstrip().startswith(("%", "!"))]
+    text = "\n".join(lines)
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return text  # run as is; the worker reports the error
+    keep = []
+    for node in tree.body:
+        call = node.value if isinstance(node, ast.Expr) else None
+        if isinstance(call, ast.Call):
+            func = call.func
+            if isinstance(func, ast.Name) and func.id.startswith("check_"):
+                continue
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and (
+                func.value.id == "grader"
+            ):
+                continue
+        keep.append(node)
+    return ast.unparse(ast.Module(body=keep, type_ignores=[]))
+
+
+def submission_code(notebook: dict) -> list[tuple[int, str]]:
+    """(number, code) of the code cells of a submitted notebook (parsed JSON, never
+    executed here), numbered from 1 as in the notebook, each stripped by ``_strip_cell``;
+    cells that set up otter are left out."""
+    cells, number = [], 0
+    for cell in notebook.get("cells", []):
+        if cell.get("cell_type") != "code":
+            continue
+        number += 1
+        source = cell.get("source", "")
+        source = "".join(source) if isinstance(source, list) else str(source)
+        if "otter.Notebook(" in source:
+            continue
+        cells.append((number, _strip_cell(source)))
+    return cells
+
+
+def defined_functions(notebook: dict) -> list[str]:
+    """Names of the top-level functions the notebook defines (parsed, not run)."""
+    names = []
+    for _, code in submission_code(notebook):
+        with contextlib.suppress(SyntaxError):
+            names += [n.name for n in ast.parse(code).body if isinstance(n, ast.FunctionDef)]
+    return names
+
+
+class _RemoteGrad(torch.autograd.Function):
+    """Connects outputs computed in the worker to the local inputs, so that ``backward``
+    in a check asks the worker for the gradients."""
+
+    @staticmethod
+    def forward(ctx, remote, n_inputs, *tensors_):
+        ctx.remote, ctx.n_inputs = remote, n_inputs
+        return tuple(t.clone() for t in tensors_[n_inputs:])
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        grads = ctx.remote.request({"op": "backward", "grads": [
+            torch.zeros(0) if g is None else g for g in grad_outputs
+        ]})
+        return (None, None, *grads, *([None] * len(grad_outputs)))
+
+
+class WorkerError(RuntimeError):
+    """The learner's function raised in the worker (message names the exception)."""
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found += [int(c) for c in f.read().split()]
+    return found + [g for c in found for g in _children(c)]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return " ".join(f.read().replace(b"\0", b" ").decode("utf-8", "replace").split())
+    except OSError:
+        return "?"
+
+
+class RemoteFunctions:
+    """The learner's notebook running in a worker process inside ``sandbox``.
+
+    ``remote.function(name)`` returns a local callable that forwards its arguments to the
+    worker; exceptions come back as ``NotImplementedError`` (so checks report "not
+    attempted yet") or ``WorkerError``. Raises ``TimeoutError`` when a call takes longer
+    than ``call_timeout`` seconds (the worker is then killed).
+    """
+
+    def __init__(self, cells: list[tuple[int, str]], sandbox: Sandbox, *,
+                 call_timeout: float = 30.0, setup_timeout: float = 300.0):
+        self.cells, self.sandbox = cells, sandbox
+        self.call_timeout, self.setup_timeout = call_timeout, setup_timeout
+        self.proc: subprocess.Popen | None = None
+        self.setup_errors: list[dict] = []
+        self.stray: list[str] = []  # processes the notebook left running
+
+    def start(self) -> None:
+        # inside the caller's folder, so a re-check killed at its time limit leaves nothing
+        self._cwd = tempfile.TemporaryDirectory(prefix="worker-", dir=os.getcwd())
+        cwd = Path(self._cwd.name)
+        cmd = self.sandbox.command([sys.executable, "-m", "course_grading.worker"], cwd)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            cwd=cwd, env=self.sandbox.env(cwd), start_new_session=True)
+        self.setup_errors = self.request({"op": "exec", "cells": self.cells},
+                                         timeout=self.setup_timeout)
+        self.stray += [c for c in map(_cmdline, _children(self.proc.pid))
+                       if "course_grading.worker" not in c and not c.startswith("bwrap")]
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, 9)
+            self.proc.wait()
+            self.proc = None
+        if getattr(self, "_cwd", None) is not None:
+            self._cwd.cleanup()
+            self._cwd = None
+
+    def request(self, msg: dict, timeout: float | None = None) -> Any:
+        if self.proc is None:
+            raise WorkerError("the worker is not running")
+        try:
+            send(self.proc.stdin, msg)
+        except OSError as err:
+            self.stop()
+            raise WorkerError(f"the worker stopped: {err}") from None
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            limit = self.call_timeout if timeout is None else timeout
+            if not sel.select(limit):
+                self.stop()
+                raise TimeoutError(f"no answer within the time limit of {limit:g} s")
+        try:
+            reply = recv(self.proc.stdout)
+        except Exception as err:  # noqa: BLE001 (a crashed worker or a reply that is not data)
+            self.stop()
+            raise WorkerError(f"the worker stopped or sent something unreadable: {err}")
+        if not isinstance(reply, dict) or "ok" not in reply:
+            raise WorkerError("the worker sent a malformed reply")
+        if reply["ok"]:
+            return reply["result"]
+        if reply.get("error") == "NotImplementedError":
+            raise NotImplementedError(reply.get("message", ""))
+        raise WorkerError(f"{reply.get('error')}: {reply.get('message')}")
+
+    def function(self, name: str) -> Callable:
+        def call(*args, **kwargs):
+            need = [x for x in tensors((args, kwargs)) if x.requires_grad]
+
+            def fresh(x):
+                y = x.detach().clone()
+                return y.requires_grad_() if any(x is n for n in need) else y
+
+            sent_args, sent_kwargs = pytree.tree_map_only(torch.Tensor, fresh, (args, kwargs))
+            result = self.request({"op": "call", "fn": name, "args": sent_args,
+                                   "kwargs": sent_kwargs})
+            outs = [y for y in tensors(result) if y.is_floating_point()]
+            if not need or not outs:
+                return result
+            linked = iter(_RemoteGrad.apply(self, len(need), *need, *outs))
+            return pytree.tree_map_only(
+                torch.Tensor, lambda y: next(linked) if y.is_floating_point() else y, result)
+
+        call.__name__ = name
+        return call
+
+
+def _missing(notebook: dict, functions: list[str]) -> str:
+    found = defined_functions(notebook)
+    missing = [f for f in functions if f not in found]
+    if not missing:
+        return ""
+    parts = []
+    for f in missing:
+        close = difflib.get_close_matches(f, found, n=1, cutoff=0.5)
+        parts.append(f"{f} is not defined" + (f" (closest name found: {close[0]})"
+                                                 if close else ""))
+    return "; ".join(parts)
+
+
+def recheck(spec: dict, notebook: dict, sandbox: Sandbox, *, call_timeout: float = 30.0,
+            setup_timeout: float = 300.0) -> dict[str, dict]:
+    """Grade ``notebook`` (parsed JSON) against ``spec`` without running its code here.
+
+    ``spec["questions"]`` lists ``{"name", "points", "check", "functions", "kwargs"}``
+    (``"module"``: where the check lives, default ``check_module(check)``). Returns
+    ``{question: {"score", "max_score", "message", "missing"}, "_setup": {...}}``; a
+    question scores its points only when the check returns True.
+    """
+    remote = RemoteFunctions(submission_code(notebook), sandbox, call_timeout=call_timeout,
+                             setup_timeout=setup_timeout)
+    results: dict[str, dict] = {}
+    try:
+        remote.start()
+        setup = ""
+    except (TimeoutError, WorkerError) as err:
+        setup, remote.proc = f"running the notebook failed: {err}", None
+    for q in spec["questions"]:
+        module = importlib.import_module(q.get("module") or check_module(q["check"]))
+        check = getattr(module, q["check"])
+        score, message = 0.0, ""
+        try:
+            if remote.proc is None:
+                remote.start()
+            with contextlib.redirect_stdout(io.StringIO()) as printed:
+                done = check(*(remote.function(f) for f in q["functions"]),
+                             **(q.get("kwargs") or {}))
+            message = printed.getvalue().strip()
+            score = float(q["points"]) if done is True else 0.0
+        except AssertionError as err:  # the check's CheckError
+            message = str(err)
+        except Exception as err:  # noqa: BLE001 (the learner's function raised: 0 points)
+            message = f"{type(err).__name__}: {err}"
+        results[q["name"]] = {"score": score, "max_score": float(q["points"]),
+                              "message": message, "missing": _missing(notebook, q["functions"])}
+    remote.stop()
+    results["_setup"] = {"message": setup, "errors": remote.setup_errors,
+                         "stray": remote.stray}
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) < 3:
+        print(__doc__, file=sys.stderr)
+        return 2
+    spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    notebook = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
+    sandbox = Sandbox.from_json(Path(argv[2]).read_text(encoding="utf-8"))
+    timeout = float(argv[3]) if len(argv) > 3 else 30.0
+    print(json.dumps(recheck(spec, notebook, sandbox, call_timeout=timeout)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
