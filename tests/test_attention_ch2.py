@@ -14,7 +14,6 @@ from transformer_course.attention import (
 )
 from transformer_course.exercises import (
     CheckError,
-    check_attention_bthd,
     check_masked_attention,
     check_stable_softmax,
 )

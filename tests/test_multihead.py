@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from transformer_course.attention import ATTENTION_BACKENDS, MultiHeadAttention
-from transformer_course.interop import from_torch_mha, load_torch_mha
 from transformer_course.exercises import pitfalls
+from transformer_course.interop import from_torch_mha, load_torch_mha
 from transformer_course.masks import causal_mask, from_key_padding_mask
 
 param = pytest.mark.parametrize

@@ -8,14 +8,14 @@ import pytest
 import torch
 from torch import nn
 
+from transformer_course.data import PAD_ID
+from transformer_course.decoding import beam_search, greedy_decode
 from transformer_course.exercises import (
     CheckError,
     check_label_smoothed_loss,
     check_noam_lr,
     check_teacher_forcing_loss,
 )
-from transformer_course.data import PAD_ID
-from transformer_course.decoding import beam_search, greedy_decode
 from transformer_course.model import TransformerConfig, make_model
 from transformer_course.training import (
     fit,

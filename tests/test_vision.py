@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from transformer_course.data import BOS_ID
+from transformer_course.decoding import beam_search, greedy_decode
 from transformer_course.digit_images import (
     DIGIT_SIZE,
     number_images,
     split_digit_images,
 )
-from transformer_course.decoding import beam_search, greedy_decode
 from transformer_course.model import TransformerConfig
 from transformer_course.vision import (
     Captioner,
