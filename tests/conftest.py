@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -65,3 +69,35 @@ def site() -> Path:
     if not (HTML / "index.html").exists():
         pytest.fail(f"{HTML} has no built book: run `make book` first (make test does)")
     return HTML
+
+
+# -- the built site in Debian's chromium (test_browser.py, test_a11y.py) --------------
+
+
+class _Quiet(SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def server(site):
+    handler = functools.partial(_Quiet, directory=str(site))
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from browsing import CHROMIUM, FLAGS
+
+    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
+        pytest.fail(f"{CHROMIUM} is missing: run tools/ensure_browser.sh (make test does)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield b
+        b.close()

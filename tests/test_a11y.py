@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 
 import pytest
+from browsing import PAGES, Visit, short
 from bs4 import BeautifulSoup
-from test_browser import PAGES, Visit, browser, server, short  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.site, pytest.mark.browser]
 
@@ -45,7 +45,7 @@ def describe(violations: list[dict]) -> str:
 
 
 @pytest.mark.parametrize("name", [*PAGES, "search", "genindex"], ids=short)
-def test_no_serious_or_critical_axe_violation(browser, server, name):  # noqa: F811
+def test_no_serious_or_critical_axe_violation(browser, server, name):
     visit = Visit(browser, f"{server}/{name}.html")
     violations = axe_violations(visit.page)
     visit.page.close()
@@ -53,7 +53,7 @@ def test_no_serious_or_critical_axe_violation(browser, server, name):  # noqa: F
     assert not blocking, f"{name}: axe-core found\n{describe(blocking)}"
 
 
-def test_axe_rejects_a_page_with_known_violations(browser, server):  # noqa: F811
+def test_axe_rejects_a_page_with_known_violations(browser, server):
     """The check can fail: an image without alt text and an unlabelled slider (the
     kinds of output a chapter makes) are serious/critical violations."""
     page = browser.new_page()

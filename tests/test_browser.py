@@ -14,100 +14,15 @@ rejecting a known-broken page at the end of the file.
 
 from __future__ import annotations
 
-import functools
-import shutil
-import threading
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
-import yaml
+from browsing import CHAPTERS, PAGES, Visit, short
 
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = ROOT / "_build" / "screenshots"
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-def toc_pages() -> list[str]:
-    """Every page of _toc.yml, in order, as its path without suffix ("book/01_qkv")."""
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    pages = [toc["root"]]
-
-    def walk(entries):
-        for entry in entries or []:
-            if "file" in entry:
-                pages.append(entry["file"])
-            walk(entry.get("sections"))
-
-    for part in toc.get("parts", []):
-        walk(part.get("chapters"))
-    walk(toc.get("chapters"))
-    return pages
-
-
-PAGES = toc_pages()
-CHAPTERS = [p for p in PAGES if Path(p).name[:2].isdigit()]
-
-
-def short(page: str) -> str:
-    return Path(page).name
-
-
-class _Quiet(SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture(scope="module")
-def server(site):
-    handler = functools.partial(_Quiet, directory=str(site))
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
-        pytest.fail(f"{CHROMIUM} is missing: run tools/ensure_browser.sh (make test does)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield b
-        b.close()
-
-
-class Visit:
-    """Open one page, recording console errors and requests to other hosts. Requests to
-    other hosts are recorded and aborted, so the check never touches the network."""
-
-    def __init__(self, browser, url=None, *, html=None):
-        self.page = browser.new_page(viewport={"width": 1280, "height": 900})
-        self.errors, self.outside = [], []
-        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.page.route("**/*", self._route)
-        if html is not None:
-            self.page.set_content(html, wait_until="load")
-        else:
-            self.page.goto(url, wait_until="networkidle")
-
-    def _route(self, route):
-        url = route.request.url
-        host = urlparse(url).hostname
-        if url.startswith(("data:", "blob:", "about:")) or host in ("127.0.0.1", "localhost"):
-            route.continue_()
-        else:
-            self.outside.append(url)
-            route.abort()
 
 
 # -- checks: each returns a list of problems (empty = fine) ---------------------------
