@@ -72,3 +72,35 @@ def test_plain_markdown_conversion():
     out = sync.to_plain_markdown(md)
     assert "> **Note**" in out and "> Be careful." in out
     assert "[vaswani2017attention]" in out and "the mask" in out and "{" not in out
+
+
+RUFF = ROOT / ".venv" / "bin" / "ruff"
+
+
+def _undefined_names(paths: list[Path]) -> str:
+    """ruff's undefined-name and redefinition rules over notebooks (a cell that uses a
+    name no earlier cell imports fails the build only after minutes of execution)."""
+    import subprocess
+
+    ruff = str(RUFF) if RUFF.exists() else shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff is not installed")
+    run = subprocess.run(
+        [ruff, "check", "--no-cache", "--select", "F821,F811", "--output-format",
+         "concise", "--config", "extend-exclude=[]", *map(str, paths)],
+        capture_output=True, text=True, check=False, cwd=ROOT)
+    return run.stdout if run.returncode else ""
+
+
+def test_no_chapter_uses_a_name_it_never_defines():
+    found = _undefined_names(sorted((ROOT / "notebooks").glob("*.ipynb")))
+    assert not found, f"undefined names in the chapters:\n{found}"
+
+
+def test_the_undefined_name_check_finds_a_missing_import(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import math"),
+                nbformat.v4.new_code_cell("start = time.perf_counter()")]
+    path = tmp_path / "broken.ipynb"
+    nbformat.write(nb, path)
+    assert "time" in _undefined_names([path])
