@@ -111,7 +111,7 @@ def _unresolved_imports(paths: list[Path]) -> list[str]:
     that does not resolve (a name moved to another module fails the build only when
     the chapter executes)."""
     import ast
-    import importlib
+    import importlib.util
 
     bad = []
     for path in paths:
