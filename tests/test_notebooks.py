@@ -125,9 +125,11 @@ def _unresolved_imports(paths: list[Path]) -> list[str]:
                         and node.module.startswith("transformer_course")):
                     continue
                 module = importlib.import_module(node.module)
+                is_package = hasattr(module, "__path__")
                 bad += [f"{path.name}: from {node.module} import {a.name}"
-                        for a in node.names if not hasattr(module, a.name)
-                        and importlib.util.find_spec(f"{node.module}.{a.name}") is None]
+                        for a in node.names if not hasattr(module, a.name) and not (
+                            is_package
+                            and importlib.util.find_spec(f"{node.module}.{a.name}"))]
     return bad
 
 
