@@ -107,6 +107,28 @@ ALLOWED: dict[str, str] = {
     "a quarter of that, 128 KiB": "the exercise solution's arithmetic",
     "for example 10 sequences": "the exercise solution's arithmetic",
     "instead of 2.": "the exercise solution's arithmetic",
+    # chapter 8
+    "ships 1,797 real handwritten digits, 8 x 8 pixels": "facts of the data set "
+    "(scikit-learn's load_digits); the cell prints the split sizes",
+    "written by 13 of its 43 writers": "facts of the data set (its description in "
+    "scikit-learn)",
+    "four cells of 8 x 8 pixels": "the layout of a number image, a parameter",
+    "The numbers 1 to 9,999 are split by value": "the data set's definition "
+    "(split_numbers(10_000)), not a measurement",
+    "each 8 x 8 digit is 2 x 2 patches and a number image of 8 x 32 pixels is a grid "
+    "of 2 x 8 = 16 patches": "arithmetic on the image size and the patch size of the "
+    "example",
+    "is 16 consecutive pixels of one pixel row, a 1 x 16 strip": "the patch size of "
+    "the example, p * p = 16",
+    "beam size 4 with the GNMT": "a parameter of the cell below",
+    "would put 1 / 4 there": "one cell in four, by construction; the cell prints it",
+    "clips at 100": "from the CLIP paper, section 2.5",
+    "numbers 0 to 99 as images of two cells": "the data set's definition",
+    "the numbers 0 to 20 and the round tens": "a fact about English numerals",
+    "CLIP used 32,768": "from the CLIP paper, section 2.5",
+    "(2 x 2 patches per digit": "arithmetic on the exercise's patch size",
+    "of size 64 and compare": "a parameter of the exercise",
+    "frequent (64 draws from": "the exercise's batch size",
 }
 
 KEYWORDS = (
