@@ -19,7 +19,7 @@ from transformer_course import exercises
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
-import assignments
+from course_grading import assign as assignments
 
 CHAPTERS = assignments.chapters()
 IDS = [p.stem for p in CHAPTERS]

@@ -129,6 +129,23 @@ ALLOWED: dict[str, str] = {
     "(2 x 2 patches per digit": "arithmetic on the exercise's patch size",
     "of size 64 and compare": "a parameter of the exercise",
     "frequent (64 draws from": "the exercise's batch size",
+    # chapter 9
+    '"40% fewer parameters at 90% of the performance"': "the tutorials' claim, quoted "
+    "(the chapter measures its own numbers)",
+    "(6 layers of 12 heads": "the pretrained model's configuration (teacher.cfg)",
+    "2. **Nearest-neighbour agreement**": "the number of a list item",
+    "and has 2 Transformer layers": "the student's depth, a parameter of make_student",
+    "with 6 layers and 2 to fill, we take one in three (the teacher's layers 3 and 6)":
+    "the teacher's and the student's depths and the layers they imply, parameters of "
+    "the recipes below",
+    "Remove 0, 12, 24, ... of the 72 heads": "the grid of the cell below; 72 is 6 "
+    "layers x 12 heads",
+    "of the 72 heads can go (on this grid of 12) before the Spearman correlation falls "
+    "below 0.95": "the head count, the grid step and the threshold, parameters of the "
+    "cell above",
+    "(such as 2:4 sparsity": "the name of a structured-sparsity pattern",
+    "to 60, then 240 (or run on a GPU)": "the exercise's given training times",
+    "the best student reach Spearman 0.9": "the exercise's given threshold",
 }
 
 KEYWORDS = (

@@ -7,7 +7,7 @@ the mistake with a hint that does not give the answer away. It prints
 (``check.strict(fn)`` raises ``CheckError`` instead). An untouched stub prints
 "not attempted yet".
 
-- ``ch01`` ... ``ch08``: the checks of each chapter;
+- ``ch01`` ... ``ch09``: the checks of each chapter;
 - ``pitfalls``: the known-wrong functions the checks recognise;
 - ``public_test``: the public otter test of a coding exercise (shapes and types only).
 """
@@ -64,6 +64,11 @@ from transformer_course.exercises.ch07 import (
     check_streaming_attention,
 )
 from transformer_course.exercises.ch08 import check_clip_loss, check_patchify
+from transformer_course.exercises.ch09 import (
+    check_mean_pool,
+    check_neighbour_agreement,
+    check_soft_target_loss,
+)
 
 __all__ = [
     "CheckError",
@@ -81,9 +86,11 @@ __all__ = [
     "check_label_smoothed_loss",
     "check_mask_polarity",
     "check_masked_attention",
+    "check_mean_pool",
     "check_merge_folded_heads",
     "check_merge_heads",
     "check_multi_head_attention",
+    "check_neighbour_agreement",
     "check_new_token_positions",
     "check_noam_lr",
     "check_online_softmax",
@@ -96,6 +103,7 @@ __all__ = [
     "check_shape",
     "check_sinusoidal_encoding",
     "check_soft_lookup",
+    "check_soft_target_loss",
     "check_split_heads",
     "check_split_qkv",
     "check_stable_softmax",

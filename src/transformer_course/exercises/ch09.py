@@ -1,0 +1,163 @@
+"""Chapter 9, smaller models: mean pooling, nearest-neighbour agreement and the
+soft-target loss of distillation.
+
+The references are written out here (loops over rows and tokens; the loss with explicit
+sums), so a check does not trust the library code (``distill.py``) it is testing a
+learner against.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from transformer_course.exercises._common import (
+    ShapeError,
+    Tensor,
+    exercise_check,
+    fail,
+    passed,
+)
+
+
+def _loop_mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
+    rows = []
+    for b in range(hidden.shape[0]):
+        real = [hidden[b, s] for s in range(hidden.shape[1]) if mask[b, s]]
+        rows.append(torch.stack(real).mean(0))
+    return torch.stack(rows)  # (B, D)
+
+
+@exercise_check
+def check_mean_pool(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
+    """Chapter 9, exercise "mean pooling": ``fn(hidden, mask)`` with hidden (B, S, D)
+    and mask (B, S) bool must return the mean of the real tokens' vectors (B, D)
+    (Reimers and Gurevych 2019).
+
+    Raises:
+        CheckError: for a wrong shape (``ShapeError``), padding counted in the mean, or
+            any other difference.
+    """
+    gen = torch.Generator().manual_seed(9)
+    hidden = torch.randn(4, 6, 5, generator=gen)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0],
+                         [1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 0]], dtype=torch.bool)
+    want = _loop_mean_pool(hidden, mask)
+    got = fn(hidden, mask)
+    if not isinstance(got, Tensor) or got.shape != want.shape:
+        shape = tuple(got.shape) if isinstance(got, Tensor) else type(got).__name__
+        fail(f"expected a tensor of shape {tuple(want.shape)} (B, D), got {shape}",
+             "one vector per sentence: the token axis (dim 1) is the one that goes.",
+             kind=ShapeError)
+    if torch.allclose(got, want, atol=1e-5):
+        return passed("mean pooling averages the real tokens only")
+    if torch.allclose(got, hidden.mean(1), atol=1e-5):
+        fail("the padded tokens are averaged in too",
+             "row 2 of the test batch has one real token: its mean is that token.")
+    fail("the pooled vectors differ from the mean of the real tokens",
+         "compare fn(hidden, mask)[1] with hidden[1, :3].mean(0) (three real tokens).")
+
+
+def _loop_agreement(emb: Tensor, ref: Tensor) -> float:
+    def neighbours(x: Tensor) -> list[int]:
+        x = x.double()
+        out = []
+        for i in range(len(x)):
+            cos = [float(x[i] @ x[j] / (x[i].norm() * x[j].norm())) if j != i
+                   else -math.inf for j in range(len(x))]
+            out.append(max(range(len(x)), key=cos.__getitem__))
+        return out
+
+    same = [a == b for a, b in zip(neighbours(emb), neighbours(ref))]
+    return sum(same) / len(same)
+
+
+@exercise_check
+def check_neighbour_agreement(fn: Callable[[Tensor, Tensor], float]) -> bool:
+    """Chapter 9, exercise "nearest-neighbour agreement": ``fn(emb, ref)`` with (N, D)
+    and (N, D') must return the share of rows whose most cosine-similar *other* row
+    is the same under both.
+
+    Raises:
+        CheckError: for a result that is not a number (``ShapeError``), a row counted
+            as its own neighbour, dot products used instead of cosines, or any other
+            difference.
+    """
+    gen = torch.Generator().manual_seed(9)
+    ref = torch.randn(30, 8, generator=gen)
+    scaled = ref * torch.linspace(0.2, 5.0, 30)[:, None]  # same cosines, other norms
+    noisy = ref + 0.8 * torch.randn(30, 8, generator=gen)
+    for emb, name in ((ref, "the same embeddings"), (scaled, "rescaled rows"),
+                      (noisy, "noisy embeddings")):
+        got = fn(emb, ref)
+        if isinstance(got, Tensor) and got.numel() == 1:
+            got = got.item()
+        if not isinstance(got, (int, float)):
+            fail(f"expected one number (a share between 0 and 1), got "
+                 f"{type(got).__name__}", "average the matches over the rows.",
+                 kind=ShapeError)
+        want = _loop_agreement(emb, ref)
+        if math.isclose(got, want, abs_tol=1e-6):
+            continue
+        if math.isclose(got, 1.0) and name != "the same embeddings":
+            fail(f"{name}: got 1.0, expected {want:.3f}",
+                 "what is the cosine similarity of a row with itself, and should a "
+                 "row be its own neighbour?")
+        if name == "rescaled rows":
+            fail(f"{name}: got {got:.3f}, expected {want:.3f}",
+                 "rescaling a row does not change its direction: which similarity "
+                 "ignores the length of the vectors?")
+        fail(f"{name}: got {got:.3f}, expected {want:.3f}",
+             "find each row's most similar other row under emb and under ref, then "
+             "count the rows where the two agree.")
+    return passed("nearest-neighbour agreement matches on three cases")
+
+
+def _hand_soft_loss(s: Tensor, t: Tensor, T: float, soften_teacher: bool = True) -> float:
+    total = 0.0
+    for s_row, t_row in zip(s.double().tolist(), t.double().tolist()):
+        zt = [v / T if soften_teacher else v for v in t_row]
+        zs = [v / T for v in s_row]
+        log_zt = math.log(sum(math.exp(v) for v in zt))
+        log_zs = math.log(sum(math.exp(v) for v in zs))
+        for a, b in zip(zt, zs):
+            log_p, log_q = a - log_zt, b - log_zs
+            total += math.exp(log_p) * (log_p - log_q)
+    return T * T * total / len(s)
+
+
+@exercise_check
+def check_soft_target_loss(fn: Callable[[Tensor, Tensor, float], Tensor]) -> bool:
+    """Chapter 9, exercise "find the bug: soft targets": ``fn(student_logits,
+    teacher_logits, T)`` must return T^2 KL(softmax(t / T) || softmax(s / T)),
+    averaged over rows (Hinton et al. 2015, section 2).
+
+    Raises:
+        CheckError: for a non-scalar result (``ShapeError``), the temperature on one
+            side only, swapped KL arguments, a missing T^2, or any other difference.
+    """
+    gen = torch.Generator().manual_seed(9)
+    s, t = torch.randn(6, 10, generator=gen), 2 * torch.randn(6, 10, generator=gen)
+    for T in (1.0, 2.0, 5.0):
+        got = fn(s, t, T)
+        if not isinstance(got, Tensor) or got.numel() != 1:
+            fail("expected a scalar loss tensor",
+                 "the loss is averaged over the rows of the batch.", kind=ShapeError)
+        got, want = float(got), _hand_soft_loss(s, t, T)
+        if math.isclose(got, want, rel_tol=1e-4):
+            continue
+        if math.isclose(got, _hand_soft_loss(s, t, T, soften_teacher=False),
+                        rel_tol=1e-4):
+            fail(f"T = {T}: got {got:.4f}, expected {want:.4f}: the teacher is not "
+                 "softened", "which of the two distributions does T act on here?")
+        if math.isclose(got, _hand_soft_loss(t, s, T), rel_tol=1e-4):
+            fail(f"T = {T}: got {got:.4f}, expected {want:.4f}: KL arguments swapped",
+                 "KL is not symmetric: whose distribution is the expectation over?")
+        if math.isclose(got * T * T, want, rel_tol=1e-4):
+            fail(f"T = {T}: got {got:.4f}, expected {want:.4f}: T^2 is missing",
+                 "the gradient shrinks like 1 / T^2; what undoes that in the loss?")
+        fail(f"T = {T}: got {got:.4f}, expected {want:.4f}",
+             "at T = 1 compare with the KL divergence of the two plain softmaxes.")
+    return passed("the soft-target loss matches Hinton et al. at T = 1, 2, 5")

@@ -1,0 +1,263 @@
+"""Pruning a pretrained encoder: heads, feed-forward neurons and single weights.
+
+Derived in chapter 9 ("Smaller models"), on the real all-MiniLM-L6-v2
+(``pretrained.MiniLMEncoder``, 6 layers of 12 heads). Heads are ranked by importance
+(Michel et al. 2019) and removed physically with ``MultiHeadAttention.prune_heads``;
+feed-forward neurons are ranked by weight norm and removed physically; single weights
+are zeroed with PyTorch's ``torch.nn.utils.prune`` (L1 magnitude, global), which keeps
+the dense shapes.
+
+Shape letters: B batch, S tokens, D d_model, L layers, H heads. Masks are bool,
+True = real token.
+
+Sources:
+    Michel, Levy and Neubig 2019, "Are Sixteen Heads Really Better than One?",
+    sections 2.2 (head gates) and 4.1 (importance from gradients w.r.t. the gates,
+    normalised per layer).
+    Han et al. 2015, "Learning both Weights and Connections for Efficient Neural
+    Networks" (magnitude pruning).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from torch.nn.utils import prune as torch_prune
+
+from transformer_course.distill import mean_pool
+from transformer_course.layers import FeedForward
+
+Tensor = torch.Tensor
+
+
+def encoder_states(
+    model, ids: Tensor, mask: Tensor, *, head_mask: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Run a ``MiniLMEncoder`` (possibly pruned: layers may have different numbers of
+    heads) with optional gates on every head.
+
+    Args:
+        model: a ``pretrained.MiniLMEncoder``.
+        ids: (B, S) int64 token ids. mask: (B, S) bool, True = real token.
+        head_mask: optional float gates (L, H) or (L, B, H), multiplying each head's
+            output (1 keeps, 0 removes); needs H heads in every layer.
+
+    Returns:
+        ``(hidden, last_input)``: the last layer's output (B, S, D) and its input
+        (B, S, D) (the last layer's values and attention can be recomputed from it).
+        The last layer's weights are in ``model.layers[-1].self_attn_weights``.
+
+    Raises:
+        ValueError: a head_mask whose first dimension is not L.
+    """
+    if head_mask is not None and head_mask.shape[0] != len(model.layers):
+        raise ValueError(
+            f"head_mask: expected (L, H) or (L, B, H) with L = {len(model.layers)}, "
+            f"got {tuple(head_mask.shape)}"
+        )
+    positions = torch.arange(ids.shape[1], device=ids.device)
+    x = (
+        model.word_embeddings(ids)
+        + model.position_embeddings(positions)
+        + model.segment_embeddings.weight[0]
+    )  # (B, S, D)
+    x = model.embed_norm(x)
+    key_mask = mask[:, None, None, :]  # (B, 1, 1, S)
+    last_input = x
+    for i, layer in enumerate(model.layers):
+        last_input = x
+        gates = None if head_mask is None else head_mask[i]
+        x = layer(x, key_mask, head_mask=gates)  # (B, S, D)
+    return x, last_input
+
+
+def sentence_embeddings(
+    model, ids: Tensor, mask: Tensor, *, head_mask: Tensor | None = None
+) -> Tensor:
+    """Mean-pooled sentence embeddings (B, D) of ``encoder_states``."""
+    hidden, _ = encoder_states(model, ids, mask, head_mask=head_mask)
+    return mean_pool(hidden, mask)
+
+
+def head_importance(
+    model, batches, *, n_probes: int = 4, normalize: bool = True, seed: int = 0
+) -> Tensor:
+    """Importance of every head: how far gating it off moves the sentence embeddings.
+
+    Michel et al. take I_h = sum over examples of |dL/d xi_h|, the gradient of a loss
+    with respect to a gate xi_h on head h's output at xi = 1. Our loss is the squared
+    distance to the unpruned model's embeddings, L(xi) = ||e(xi) - e(1)||^2, which is 0
+    with a zero gradient at xi = 1: the first-order score vanishes. Its second-order
+    (Gauss-Newton) term is ||de/d xi_h||^2, so the score used is that squared Jacobian
+    column, summed over sentences. It is estimated without D backward passes: for a
+    random direction u ~ N(0, I), E[(u . de/d xi_h)^2] = ||de/d xi_h||^2, so each batch
+    takes ``n_probes`` backward passes of u . e.
+
+    Args:
+        model: a ``MiniLMEncoder`` with H heads in each of its L layers (eval mode).
+        batches: iterable of (ids (B, S), mask (B, S)).
+        n_probes: random directions per batch.
+        normalize: divide each layer's scores by their L2 norm (Michel et al. 4.1).
+
+    Returns:
+        (L, H) float32 importance scores, >= 0, on the CPU.
+
+    Source: Michel et al. 2019, section 4.1 (with the loss above); Hutchinson-style
+    estimate of a squared norm from random projections.
+    """
+    n_layers, n_heads = len(model.layers), model.layers[0].self_attn.n_heads
+    device = model.word_embeddings.weight.device
+    gates = torch.ones(n_layers, n_heads, device=device, requires_grad=True)
+    generator = torch.Generator().manual_seed(seed)
+    scores = torch.zeros(n_layers, n_heads)
+    for ids, mask in batches:
+        ids, mask = ids.to(device), mask.to(device)
+        emb = sentence_embeddings(model, ids, mask, head_mask=gates)  # (B, D)
+        for p in range(n_probes):
+            u = torch.randn(emb.shape, generator=generator).to(device)  # (B, D)
+            (grad,) = torch.autograd.grad(
+                (u * emb).sum(), gates, retain_graph=p < n_probes - 1
+            )
+            scores += grad.detach().cpu() ** 2 / n_probes  # (L, H)
+    if normalize:
+        scores = scores / scores.norm(dim=1, keepdim=True).clamp(min=1e-12)
+    return scores
+
+
+def clone_encoder(model):
+    """A deep copy of ``model`` to prune, without the attention weights that the
+    layers keep from their last call (``copy.deepcopy`` refuses tensors that are part
+    of an autograd graph)."""
+    for layer in model.layers:
+        layer.self_attn_weights = layer.cross_attn_weights = None
+    return copy.deepcopy(model)
+
+
+def gates_without(heads: list[tuple[int, int]], n_layers: int, n_heads: int) -> Tensor:
+    """(L, H) float gates: 1 everywhere, 0 for each (layer, head) in ``heads``."""
+    gates = torch.ones(n_layers, n_heads)
+    for layer, head in heads:
+        gates[layer, head] = 0.0
+    return gates
+
+
+class OutputBias(nn.Module):
+    """What is left of a self-attention whose every head was removed: W^O's bias.
+    Called like ``MultiHeadAttention``; returns (bias broadcast to (B, T, D), None)."""
+
+    def __init__(self, bias: Tensor):
+        super().__init__()
+        self.bias = nn.Parameter(bias.detach().clone())
+        self.n_heads = 0
+
+    def forward(self, query: Tensor, *args, **kwargs) -> tuple[Tensor, None]:
+        return self.bias.expand_as(query), None
+
+
+def remove_heads(model, heads: list[tuple[int, int]]):
+    """Remove the heads ``heads`` (pairs (layer, head), indices of the unpruned model)
+    physically, in place: each layer's projections lose those heads' rows and columns
+    (``MultiHeadAttention.prune_heads``); a layer that loses all its heads keeps only
+    W^O's bias (``OutputBias``). Equals gating those heads with 0. Returns ``model``.
+    Source: Michel et al. 2019, section 2.2.
+    """
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in heads:
+        by_layer.setdefault(layer, []).append(head)
+    for layer, removed in by_layer.items():
+        attn = model.layers[layer].self_attn
+        if len(set(removed)) == attn.n_heads:
+            bias = attn.out_proj.bias
+            if bias is None:
+                bias = torch.zeros(attn.d_model, device=attn.out_proj.weight.device)
+            model.layers[layer].self_attn = OutputBias(bias)
+        else:
+            attn.prune_heads(removed)
+    return model
+
+
+# ------------------------------------------------------ feed-forward neurons
+
+
+def ffn_neuron_scores(ff: FeedForward) -> Tensor:
+    """Score of each hidden neuron j of FFN(x) = W_2 act(W_1 x + b_1) + b_2: the norm
+    of its incoming weights (row j of W_1 with b_1[j]) times the norm of its outgoing
+    weights (column j of W_2). Returns (d_ff,)."""
+    w_in = torch.cat([ff.linear1.weight, ff.linear1.bias[:, None]], dim=1)
+    return (w_in.norm(dim=1) * ff.linear2.weight.norm(dim=0)).detach()
+
+
+def _kept_linear(linear: nn.Linear, index: Tensor, dim: int) -> nn.Linear:
+    """A new ``nn.Linear`` with the output rows (dim 0) or input columns (dim 1)
+    ``index`` of ``linear`` (the bias follows the output rows)."""
+    weight = linear.weight.index_select(dim, index)
+    bias = linear.bias
+    new = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+    new = new.to(weight.device, weight.dtype)
+    new.weight.copy_(weight)
+    if bias is not None:
+        new.bias.copy_(bias[index] if dim == 0 else bias)
+    return new
+
+
+@torch.no_grad()
+def remove_ffn_neurons(model, amount: float):
+    """Remove the lowest-scoring share ``amount`` of every layer's feed-forward
+    neurons physically (``linear1`` loses rows, ``linear2`` columns), in place.
+    Returns ``model``. Raises ValueError for ``amount`` outside [0, 1)."""
+    if not 0.0 <= amount < 1.0:
+        raise ValueError(f"amount: expected a share in [0, 1), got {amount}")
+    for layer in model.layers:
+        ff = layer.ff
+        scores = ffn_neuron_scores(ff)
+        n_keep = len(scores) - round(amount * len(scores))
+        keep = scores.topk(n_keep).indices.sort().values
+        ff.linear1 = _kept_linear(ff.linear1, keep, 0)
+        ff.linear2 = _kept_linear(ff.linear2, keep, 1)
+    return model
+
+
+# --------------------------------------------------- single weights (PyTorch)
+
+
+def linear_weights(model) -> list[tuple[nn.Module, str]]:
+    """(module, "weight") of every ``nn.Linear`` in the Transformer layers: the
+    parameters that ``torch.nn.utils.prune.global_unstructured`` takes."""
+    return [
+        (m, "weight") for m in model.layers.modules() if isinstance(m, nn.Linear)
+    ]
+
+
+def global_magnitude_prune(model, amount: float) -> list[tuple[nn.Module, str]]:
+    """Zero the share ``amount`` of smallest-magnitude weights over all linear layers
+    together (``torch.nn.utils.prune.global_unstructured`` with ``L1Unstructured``).
+    The shapes stay dense: each module gets ``weight_orig`` and a ``weight_mask``
+    buffer and recomputes ``weight = weight_orig * weight_mask`` before every forward,
+    until ``make_permanent``. Returns the pruned (module, name) pairs.
+    Source: Han et al. 2015; PyTorch's pruning tutorial."""
+    params = linear_weights(model)
+    torch_prune.global_unstructured(
+        params, pruning_method=torch_prune.L1Unstructured, amount=amount
+    )
+    return params
+
+
+def make_permanent(params: list[tuple[nn.Module, str]]) -> None:
+    """``torch.nn.utils.prune.remove`` on each pair: the zeros become the plain
+    ``weight`` parameter, the mask and the forward pre-hook go away."""
+    for module, name in params:
+        torch_prune.remove(module, name)
+
+
+def sparsity(model) -> float:
+    """Share of exact zeros among the weights of the Transformer layers' linears."""
+    weights = [m.weight for m, _ in linear_weights(model)]
+    zeros = sum(int((w == 0).sum()) for w in weights)
+    return zeros / sum(w.numel() for w in weights)
+
+
+def layer_parameters(model) -> int:
+    """Number of parameters in the Transformer layers (embeddings excluded)."""
+    return sum(p.numel() for p in model.layers.parameters())

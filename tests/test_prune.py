@@ -1,0 +1,160 @@
+"""Chapter 9: head gates, physical head and neuron removal, magnitude pruning, on a
+tiny randomly initialised MiniLM-shaped encoder (fast) and, once, the real one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from transformer_course.distill import spearman_fidelity
+from transformer_course.pretrained import MiniLMEncoder
+from transformer_course.prune import (
+    OutputBias,
+    clone_encoder,
+    encoder_states,
+    ffn_neuron_scores,
+    gates_without,
+    global_magnitude_prune,
+    head_importance,
+    layer_parameters,
+    make_permanent,
+    remove_ffn_neurons,
+    remove_heads,
+    sentence_embeddings,
+    sparsity,
+)
+
+CFG = {"d_model": 32, "n_heads": 4, "d_k": 8, "d_ff": 64, "n_layers": 3,
+       "vocab_size": 50, "max_len": 32, "layer_norm_eps": 1e-12, "pad_id": 0}
+
+
+@pytest.fixture
+def model():
+    return MiniLMEncoder(CFG).eval()
+
+
+@pytest.fixture
+def batch():
+    ids = torch.randint(1, 50, (5, 9))
+    mask = torch.ones(5, 9, dtype=torch.bool)
+    mask[0, 6:] = False
+    mask[3, 4:] = False
+    return ids.masked_fill(~mask, 0), mask
+
+
+def test_encoder_states_equal_the_model_forward(model, batch):
+    ids, mask = batch
+    hidden, last_input = encoder_states(model, ids, mask)
+    out = model(ids, mask)
+    torch.testing.assert_close(hidden, out.hidden_states)
+    torch.testing.assert_close(last_input, out.all_hidden_states[-2])
+
+
+def test_all_ones_gates_change_nothing(model, batch):
+    ids, mask = batch
+    plain = sentence_embeddings(model, ids, mask)
+    gated = sentence_embeddings(model, ids, mask, head_mask=torch.ones(3, 4))
+    assert torch.equal(plain, gated)
+    # and a gate below one does change something (the check can fail)
+    half = sentence_embeddings(model, ids, mask, head_mask=torch.full((3, 4), 0.5))
+    assert not torch.allclose(plain, half)
+
+
+def test_zero_gate_equals_physical_removal(model, batch):
+    ids, mask = batch
+    heads = [(0, 1), (2, 0), (2, 3)]
+    gated = sentence_embeddings(model, ids, mask, head_mask=gates_without(heads, 3, 4))
+    pruned = remove_heads(clone_encoder(model), heads)
+    assert [layer.self_attn.n_heads for layer in pruned.layers] == [3, 4, 2]
+    assert layer_parameters(pruned) < layer_parameters(model)
+    torch.testing.assert_close(sentence_embeddings(pruned, ids, mask), gated)
+    # removing a different head gives a different model
+    other = remove_heads(clone_encoder(model), [(0, 2), (2, 0), (2, 3)])
+    assert not torch.allclose(sentence_embeddings(other, ids, mask), gated)
+
+
+def test_removing_every_head_of_a_layer_leaves_the_output_bias(model, batch):
+    ids, mask = batch
+    heads = [(1, h) for h in range(4)]
+    gated = sentence_embeddings(model, ids, mask, head_mask=gates_without(heads, 3, 4))
+    pruned = remove_heads(clone_encoder(model), heads)
+    assert isinstance(pruned.layers[1].self_attn, OutputBias)
+    torch.testing.assert_close(sentence_embeddings(pruned, ids, mask), gated)
+
+
+def test_head_importance_ranks_a_dead_head_last(model, batch):
+    with torch.no_grad():  # head 2 of layer 1 writes nothing: W^O columns zero
+        model.layers[1].self_attn.out_proj.weight[:, 16:24] = 0
+    scores = head_importance(model, [batch], n_probes=8, normalize=False)
+    assert scores.shape == (3, 4) and torch.all(scores >= 0)
+    assert scores[1, 2] == 0 and scores[1].min() == scores[1, 2]
+    assert torch.all(scores[0] > 0)
+    normed = head_importance(model, [batch], n_probes=8)
+    torch.testing.assert_close(normed.norm(dim=1), torch.ones(3))
+
+
+def test_head_importance_predicts_the_damage(model, batch):
+    ids, mask = batch
+    scores = head_importance(model, [batch], n_probes=16, normalize=False)
+    ref = sentence_embeddings(model, ids, mask).detach()
+    damage = torch.zeros(3, 4)
+    for layer in range(3):
+        for head in range(4):
+            gates = gates_without([(layer, head)], 3, 4)
+            e = sentence_embeddings(model, ids, mask, head_mask=gates).detach()
+            damage[layer, head] = ((e - ref) ** 2).sum()
+    # the score is the second-order term of this damage: strongly rank-correlated
+    ranks = lambda x: x.flatten().argsort().argsort().double()
+    a, b = ranks(scores), ranks(damage)
+    a, b = a - a.mean(), b - b.mean()
+    assert float((a * b).sum() / (a.norm() * b.norm())) > 0.6
+
+
+def test_ffn_neuron_removal(model, batch):
+    ids, mask = batch
+    ff = model.layers[0].ff
+    scores = ffn_neuron_scores(ff)
+    assert scores.shape == (64,)
+    ref = sentence_embeddings(model, ids, mask)
+    same = remove_ffn_neurons(clone_encoder(model), 0.0)
+    torch.testing.assert_close(sentence_embeddings(same, ids, mask), ref)
+    with torch.no_grad():  # neurons with no outgoing weights can go for free
+        for layer in model.layers:
+            layer.ff.linear2.weight[:, :16] = 0
+    ref = sentence_embeddings(model, ids, mask)
+    pruned = remove_ffn_neurons(clone_encoder(model), 0.25)
+    assert pruned.layers[0].ff.linear1.out_features == 48
+    torch.testing.assert_close(sentence_embeddings(pruned, ids, mask), ref)
+    too_many = remove_ffn_neurons(clone_encoder(model), 0.5)
+    assert not torch.allclose(sentence_embeddings(too_many, ids, mask), ref)
+    with pytest.raises(ValueError, match="amount"):
+        remove_ffn_neurons(model, 1.0)
+
+
+def test_global_magnitude_prune_and_remove(model):
+    params = global_magnitude_prune(model, 0.5)
+    assert sparsity(model) == pytest.approx(0.5, abs=1e-3)
+    attn = model.layers[0].self_attn.q_proj
+    assert hasattr(attn, "weight_orig") and hasattr(attn, "weight_mask")
+    # global: the threshold is shared, so layers end up with different sparsities
+    per_layer = [float((m.weight == 0).float().mean()) for m, _ in params]
+    assert max(per_layer) - min(per_layer) > 0.01
+    make_permanent(params)
+    assert not hasattr(attn, "weight_orig") and not hasattr(attn, "weight_mask")
+    assert sparsity(model) == pytest.approx(0.5, abs=1e-3)
+
+
+def test_real_model_gates_and_removal():
+    from transformer_course.pretrained import load_minilm_encoder, tokenize_batch
+
+    teacher = load_minilm_encoder()
+    ids, mask, _ = tokenize_batch(["To be, or not to be.", "A horse! a horse!",
+                                   "Now is the winter of our discontent."])
+    with torch.no_grad():
+        ref = sentence_embeddings(teacher, ids, mask)
+        heads = [(0, 3), (5, 11)]
+        gated = sentence_embeddings(teacher, ids, mask,
+                                    head_mask=gates_without(heads, 6, 12))
+        pruned = remove_heads(clone_encoder(teacher), heads)
+        torch.testing.assert_close(sentence_embeddings(pruned, ids, mask), gated)
+    assert spearman_fidelity(ref, ref) == pytest.approx(1.0)
