@@ -50,6 +50,7 @@ test: browser-deps book
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests tools benchmarks book/_ext
+	$(VENV)/bin/ruff format --check src tests tools benchmarks book/_ext
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py

@@ -101,12 +101,21 @@ def bench_sliding_window(lengths, window, device, repeat=3) -> list[dict]:
     for t in lengths:
         q, k, v = (torch.randn(1, 4, t, 64, device=device) for _ in range(3))
         mask = sliding_window_mask(t, window, device=device)
-        banded = best_time(partial(sliding_window_attention, q, k, v, window), device,
-                       repeat)
-        masked = best_time(partial(scaled_dot_product_attention, q, k, v, mask), device,
-                       repeat)
-        rows.append({"T": t, "window": window, "banded_s": banded,
-                     "masked_full_s": masked, "banded/masked time": banded / masked})
+        banded = best_time(
+            partial(sliding_window_attention, q, k, v, window), device, repeat
+        )
+        masked = best_time(
+            partial(scaled_dot_product_attention, q, k, v, mask), device, repeat
+        )
+        rows.append(
+            {
+                "T": t,
+                "window": window,
+                "banded_s": banded,
+                "masked_full_s": masked,
+                "banded/masked time": banded / masked,
+            }
+        )
         print(f"sliding window T={t}: banded {banded:.4f} s, masked {masked:.4f} s")
     return rows
 
@@ -116,14 +125,18 @@ def bench_sdpa_backends(t, device, compile_too=True, repeat=3) -> dict:
 
     q, k, v = (torch.randn(1, 4, t, 64, device=device) for _ in range(3))
     out = {"T": t}
-    for backend in (SDPBackend.MATH, SDPBackend.EFFICIENT_ATTENTION,
-                    SDPBackend.FLASH_ATTENTION):
+    for backend in (
+        SDPBackend.MATH,
+        SDPBackend.EFFICIENT_ATTENTION,
+        SDPBackend.FLASH_ATTENTION,
+    ):
         name = backend.name.lower()
         try:
             with sdpa_kernel(backend):
                 out[f"sdpa_{name}_s"] = best_time(
                     lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                    device, repeat,
+                    device,
+                    repeat,
                 )
         except RuntimeError as err:  # e.g. no memory-efficient kernel on the CPU
             out[f"sdpa_{name}_s"] = None
@@ -141,7 +154,9 @@ def bench_sdpa_backends(t, device, compile_too=True, repeat=3) -> dict:
             compiled = torch.compile(plain)
             compiled(q, k, v)
             out["compile_first_call_s"] = time.perf_counter() - start
-            out["compiled_plain_s"] = best_time(lambda: compiled(q, k, v), device, repeat)
+            out["compiled_plain_s"] = best_time(
+                lambda: compiled(q, k, v), device, repeat
+            )
         except Exception as err:  # noqa: BLE001 (no C++ compiler, platform, ...)
             out["compile_error"] = f"{type(err).__name__}: {str(err)[:120]}"
     print("sdpa backends:", out)
@@ -150,21 +165,31 @@ def bench_sdpa_backends(t, device, compile_too=True, repeat=3) -> dict:
 
 def bench_triton(t, device, repeat=10) -> dict:
     if device.type != "cuda":
-        return {"skipped": "no CUDA GPU: the Triton kernel is benchmarked on GPUs only "
-                           "(it is tested on the CPU under TRITON_INTERPRET=1)"}
+        return {
+            "skipped": "no CUDA GPU: the Triton kernel is benchmarked on GPUs only "
+            "(it is tested on the CPU under TRITON_INTERPRET=1)"
+        }
     from transformer_course.triton_kernels import flash_attention
 
-    q, k, v = (torch.randn(4, 8, t, 64, device=device, dtype=torch.float16)
-               for _ in range(3))
+    q, k, v = (
+        torch.randn(4, 8, t, 64, device=device, dtype=torch.float16) for _ in range(3)
+    )
     flops = 4 * 4 * 8 * t * t * 64 / 2  # two matmuls, causal half
     tri = best_time(lambda: flash_attention(q, k, v, causal=True), device, repeat)
-    ref = best_time(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                device, repeat)
+    ref = best_time(
+        lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), device, repeat
+    )
     ours = flash_attention(q, k, v, causal=True).float()
     err = (ours - F.scaled_dot_product_attention(q, k, v, is_causal=True)).abs().max()
-    out = {"T": t, "triton_s": tri, "sdpa_s": ref, "triton_tflops": flops / tri / 1e12,
-           "sdpa_tflops": flops / ref / 1e12, "triton/sdpa time": tri / ref,
-           "max_abs_diff": err.item()}
+    out = {
+        "T": t,
+        "triton_s": tri,
+        "sdpa_s": ref,
+        "triton_tflops": flops / tri / 1e12,
+        "sdpa_tflops": flops / ref / 1e12,
+        "triton/sdpa time": tri / ref,
+        "max_abs_diff": err.item(),
+    }
     print("triton:", out)
     return out
 
@@ -172,8 +197,16 @@ def bench_triton(t, device, repeat=10) -> dict:
 # ------------------------------------------------------------- the language model
 
 
-def shakespeare_lm(steps: int, d_model: int, n_layers: int, max_len: int, device,
-                   block: int = 64, batch: int = 16, seed: int = 0):
+def shakespeare_lm(
+    steps: int,
+    d_model: int,
+    n_layers: int,
+    max_len: int,
+    device,
+    block: int = 64,
+    batch: int = 16,
+    seed: int = 0,
+):
     """Train a small character-level LM on Shakespeare; returns (model, tokenizer,
     validation batch (x, y), final training loss)."""
     from transformer_course.data import CharTokenizer, load_shakespeare
@@ -184,9 +217,16 @@ def shakespeare_lm(steps: int, d_model: int, n_layers: int, max_len: int, device
     val_text = texts.pop("tempest")
     train_text = "\n".join(texts.values())
     tok = CharTokenizer([train_text, val_text])
-    cfg = TransformerConfig(tgt_vocab_size=tok.vocab_size, d_model=d_model, n_heads=4,
-                            d_ff=4 * d_model, n_layers=n_layers, dropout=0.0,
-                            max_len=max_len, backend="sdpa")
+    cfg = TransformerConfig(
+        tgt_vocab_size=tok.vocab_size,
+        d_model=d_model,
+        n_heads=4,
+        d_ff=4 * d_model,
+        n_layers=n_layers,
+        dropout=0.0,
+        max_len=max_len,
+        backend="sdpa",
+    )
     model = DecoderOnlyLM(cfg).to(device)
     data = torch.tensor(tok.encode(train_text), device=device)
     val = torch.tensor(tok.encode(val_text[:20_000]), device=device)
@@ -243,12 +283,16 @@ def bench_kv_cache(model, tok, lengths, device) -> list[dict]:
         start = time.perf_counter()
         ids_u, logits_u = generate(model, prompt, n, use_cache=False)
         uncached = time.perf_counter() - start
-        rows.append({
-            "new_tokens": n, "cached_s": cached, "uncached_s": uncached,
-            "cached/uncached time": cached / uncached,
-            "same_tokens": bool(torch.equal(ids_c, ids_u)),
-            "max_logit_diff": (logits_c - logits_u).abs().max().item(),
-        })
+        rows.append(
+            {
+                "new_tokens": n,
+                "cached_s": cached,
+                "uncached_s": uncached,
+                "cached/uncached time": cached / uncached,
+                "same_tokens": bool(torch.equal(ids_c, ids_u)),
+                "max_logit_diff": (logits_c - logits_u).abs().max().item(),
+            }
+        )
         print("kv cache:", rows[-1])
     return rows
 
@@ -259,13 +303,25 @@ def kv_bytes_table(cfg, n_kv_options) -> list[dict]:
     d_k = cfg.d_model // cfg.n_heads
     rows = []
     for n_kv in n_kv_options:
-        kind = ("multi-head" if n_kv == cfg.n_heads
-                else "multi-query" if n_kv == 1 else "grouped-query")
-        rows.append({"attention": kind, "n_kv_heads": n_kv,
-                     "bytes_per_token_fp32": kv_cache_bytes_per_token(
-                         cfg.n_layers, n_kv, d_k, torch.float32),
-                     "bytes_per_token_fp16": kv_cache_bytes_per_token(
-                         cfg.n_layers, n_kv, d_k, torch.float16)})
+        kind = (
+            "multi-head"
+            if n_kv == cfg.n_heads
+            else "multi-query"
+            if n_kv == 1
+            else "grouped-query"
+        )
+        rows.append(
+            {
+                "attention": kind,
+                "n_kv_heads": n_kv,
+                "bytes_per_token_fp32": kv_cache_bytes_per_token(
+                    cfg.n_layers, n_kv, d_k, torch.float32
+                ),
+                "bytes_per_token_fp16": kv_cache_bytes_per_token(
+                    cfg.n_layers, n_kv, d_k, torch.float16
+                ),
+            }
+        )
     return rows
 
 
@@ -281,9 +337,13 @@ def bench_int8(model, x_val, y_val, repeat=3) -> dict:
     cpu = torch.device("cpu")
     model = model.to(cpu).eval()
     x_val, y_val = x_val.to(cpu), y_val.to(cpu)
-    rows = {"float32": {"bytes": state_bytes(model),
-                        "loss": val_loss(model, x_val, y_val),
-                        "s": best_time(lambda: model(x_val), cpu, repeat)}}
+    rows = {
+        "float32": {
+            "bytes": state_bytes(model),
+            "loss": val_loss(model, x_val, y_val),
+            "s": best_time(lambda: model(x_val), cpu, repeat),
+        }
+    }
     by_hand = copy.deepcopy(model)
     int8_bytes = fp32_bytes = 0
     with torch.no_grad():
@@ -295,9 +355,10 @@ def bench_int8(model, x_val, y_val, repeat=3) -> dict:
                 fp32_bytes += 4 * w_int8.numel()
     rows["int8 by hand"] = {
         "bytes": rows["float32"]["bytes"] - fp32_bytes + int8_bytes,
-        "loss": val_loss(by_hand, x_val, y_val), "s": None,
+        "loss": val_loss(by_hand, x_val, y_val),
+        "s": None,
         "note": "Linear weights rounded to int8 per row; bytes count int8 weights "
-                "plus one float32 scale per row; run with the weights dequantized",
+        "plus one float32 scale per row; run with the weights dequantized",
     }
     for noisy in ("torchao", "torch.utils._pytree"):  # import-time notices
         logging.getLogger(noisy).setLevel(logging.ERROR)
@@ -309,13 +370,18 @@ def bench_int8(model, x_val, y_val, repeat=3) -> dict:
                 Int8WeightOnlyConfig,
                 quantize_,
             )
-        configs = {"torchao int8 weight-only": Int8WeightOnlyConfig(),
-                   "torchao int8 dynamic": Int8DynamicActivationInt8WeightConfig()}
+        configs = {
+            "torchao int8 weight-only": Int8WeightOnlyConfig(),
+            "torchao int8 dynamic": Int8DynamicActivationInt8WeightConfig(),
+        }
         for name, config in configs.items():
             q = copy.deepcopy(model)
             quantize_(q, config)
-            rows[name] = {"bytes": state_bytes(q), "loss": val_loss(q, x_val, y_val),
-                          "s": best_time(lambda q=q: q(x_val), cpu, repeat)}
+            rows[name] = {
+                "bytes": state_bytes(q),
+                "loss": val_loss(q, x_val, y_val),
+                "s": best_time(lambda q=q: q(x_val), cpu, repeat),
+            }
     except Exception as err:  # noqa: BLE001 (report, not hide, a torchao failure)
         rows["torchao error"] = f"{type(err).__name__}: {str(err)[:200]}"
     base = rows["float32"]
@@ -349,25 +415,52 @@ def table(rows: list[dict]) -> str:
 
 
 def write_markdown(results: dict, path: Path) -> None:
-    parts = ["# Benchmarks (chapter 7)", "",
-             f"Run: `{results['command']}`, {results['seconds']:.0f} s.", "",
-             "## Machine", "",
-             table([results["machine"]]), "",
-             "## Attention: peak extra memory and time against sequence length", "",
-             ("Memory counts the tensors operators create (on a GPU, the "
-              "allocator's peak); ratios below 1 mean less than naive."), "",
-             table(results["attention"]), "",
-             "## Sliding-window attention: banded computation vs full masked", "",
-             table(results["sliding_window"]), "",
-             "## PyTorch SDPA backends and torch.compile (causal)", "",
-             table([results["sdpa_backends"]]), "",
-             "## Triton FlashAttention forward", "", table([results["triton"]]), "",
-             "## KV cache: greedy generation with and without it", "",
-             f"Model: {results['lm']}", "", table(results["kv_cache"]), "",
-             "## KV cache bytes per token", "", table(results["kv_bytes"]), "",
-             "## Int8 quantization (CPU)", ""]
-    int8 = [{"variant": k, **v} for k, v in results["int8"].items()
-            if isinstance(v, dict)]
+    parts = [
+        "# Benchmarks (chapter 7)",
+        "",
+        f"Run: `{results['command']}`, {results['seconds']:.0f} s.",
+        "",
+        "## Machine",
+        "",
+        table([results["machine"]]),
+        "",
+        "## Attention: peak extra memory and time against sequence length",
+        "",
+        (
+            "Memory counts the tensors operators create (on a GPU, the "
+            "allocator's peak); ratios below 1 mean less than naive."
+        ),
+        "",
+        table(results["attention"]),
+        "",
+        "## Sliding-window attention: banded computation vs full masked",
+        "",
+        table(results["sliding_window"]),
+        "",
+        "## PyTorch SDPA backends and torch.compile (causal)",
+        "",
+        table([results["sdpa_backends"]]),
+        "",
+        "## Triton FlashAttention forward",
+        "",
+        table([results["triton"]]),
+        "",
+        "## KV cache: greedy generation with and without it",
+        "",
+        f"Model: {results['lm']}",
+        "",
+        table(results["kv_cache"]),
+        "",
+        "## KV cache bytes per token",
+        "",
+        table(results["kv_bytes"]),
+        "",
+        "## Int8 quantization (CPU)",
+        "",
+    ]
+    int8 = [
+        {"variant": k, **v} for k, v in results["int8"].items() if isinstance(v, dict)
+    ]
     parts += [table(int8), ""]
     if "torchao error" in results["int8"]:
         parts += [f"torchao failed here: {results['int8']['torchao error']}", ""]
@@ -384,23 +477,36 @@ def main(argv=None) -> int:
     device = get_device()
     start = time.perf_counter()
     smoke = args.smoke
-    results = {"command": "python benchmarks/run.py" + (" --smoke" if smoke else ""),
-               "smoke": smoke, "machine": machine(device)}
+    results = {
+        "command": "python benchmarks/run.py" + (" --smoke" if smoke else ""),
+        "smoke": smoke,
+        "machine": machine(device),
+    }
     lengths = [64, 128] if smoke else [256, 512, 1024, 2048, 4096]
     results["attention"] = bench_attention(lengths, device, repeat=1 if smoke else 3)
     results["sliding_window"] = bench_sliding_window(
-        [128, 256] if smoke else [1024, 2048, 4096, 8192], 32 if smoke else 256,
-        device, repeat=1 if smoke else 3)
+        [128, 256] if smoke else [1024, 2048, 4096, 8192],
+        32 if smoke else 256,
+        device,
+        repeat=1 if smoke else 3,
+    )
     results["sdpa_backends"] = bench_sdpa_backends(
-        128 if smoke else 2048, device, compile_too=not smoke, repeat=1 if smoke else 3)
+        128 if smoke else 2048, device, compile_too=not smoke, repeat=1 if smoke else 3
+    )
     results["triton"] = bench_triton(1024 if smoke else 4096, device)
     gen_lengths = [8, 16] if smoke else [64, 128, 256, 512, 1024]
     model, tok, (x_val, y_val), train_loss = shakespeare_lm(
-        steps=3 if smoke else 300, d_model=32 if smoke else 128,
-        n_layers=1 if smoke else 2, max_len=max(gen_lengths) + 80, device=device)
-    results["lm"] = (f"character-level DecoderOnlyLM, d_model {model.cfg.d_model}, "
-                     f"{model.cfg.n_layers} layers, {model.cfg.n_heads} heads, "
-                     f"final training loss {train_loss:.3f}")
+        steps=3 if smoke else 300,
+        d_model=32 if smoke else 128,
+        n_layers=1 if smoke else 2,
+        max_len=max(gen_lengths) + 80,
+        device=device,
+    )
+    results["lm"] = (
+        f"character-level DecoderOnlyLM, d_model {model.cfg.d_model}, "
+        f"{model.cfg.n_layers} layers, {model.cfg.n_heads} heads, "
+        f"final training loss {train_loss:.3f}"
+    )
     results["kv_cache"] = bench_kv_cache(model, tok, gen_lengths, device)
     results["kv_bytes"] = kv_bytes_table(model.cfg, [model.cfg.n_heads, 2, 1])
     results["int8"] = bench_int8(model, x_val, y_val, repeat=1 if smoke else 5)
@@ -408,8 +514,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
     write_markdown(results, args.out / "results.md")
-    print(f"wrote {args.out}/results.md and results.json "
-          f"in {results['seconds']:.0f} s")
+    print(f"wrote {args.out}/results.md and results.json in {results['seconds']:.0f} s")
     return 0
 
 

@@ -183,6 +183,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results-translation.json").write_text(json.dumps(results, indent=2))
     t, e, k = results["train"], results["test"], results["kv_cache"]
+    by_step = ", ".join(f"{s}: {v:.1%}" for s, v in t["valid_exact_match"])
     md = [
         "# Chapter 6 translator: measured",
         "",
@@ -201,11 +202,21 @@ def main() -> None:
         f"| training steps (batch {t['batch']}) | {t['steps']} |",
         f"| training wall-clock seconds | {t['seconds']} |",
         f"| training process CPU seconds | {t['process_cpu_seconds']} |",
-        f"| validation exact match by step | {', '.join(f'{s}: {v:.1%}' for s, v in t['valid_exact_match'])} |",
-        f"| test exact match, greedy ({e['numbers']:,} numbers) | {e['greedy_exact_match']:.2%} |",
+        f"| validation exact match by step | {by_step} |",
+        (
+            f"| test exact match, greedy ({e['numbers']:,} numbers) "
+            f"| {e['greedy_exact_match']:.2%} |"
+        ),
         f"| test chrF / character BLEU, greedy | {e['chrf']} / {e['char_bleu']} |",
-        f"| every {step}th test number ({sub:,}): greedy / beam 4 exact match | {e['greedy_exact_match_subset']:.2%} / {e['beam4_exact_match_subset']:.2%} |",
-        f"| greedy with / without KV cache ({sub:,} numbers) | {k['greedy_seconds_cached']} s / {k['greedy_seconds_uncached']} s ({k['speedup']}x), identical: {k['identical_outputs']} |",
+        (
+            f"| every {step}th test number ({sub:,}): greedy / beam 4 exact match "
+            f"| {e['greedy_exact_match_subset']:.2%} / {e['beam4_exact_match_subset']:.2%} |"
+        ),
+        (
+            f"| greedy with / without KV cache ({sub:,} numbers) "
+            f"| {k['greedy_seconds_cached']} s / {k['greedy_seconds_uncached']} s "
+            f"({k['speedup']}x), identical: {k['identical_outputs']} |"
+        ),
         "",
     ]
     (args.out / "results-translation.md").write_text("\n".join(md))

@@ -12,8 +12,16 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def toc_pages() -> list[str]:
@@ -48,7 +56,9 @@ class Visit:
     def __init__(self, browser, url=None, *, html=None):
         self.page = browser.new_page(viewport={"width": 1280, "height": 900})
         self.errors, self.outside = [], []
-        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+        self.page.on(
+            "console", lambda m: m.type == "error" and self.errors.append(m.text)
+        )
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
         self.page.route("**/*", self._route)
         if html is not None:
@@ -59,10 +69,11 @@ class Visit:
     def _route(self, route):
         url = route.request.url
         host = urlparse(url).hostname
-        if url.startswith(("data:", "blob:", "about:")) or host in ("127.0.0.1", "localhost"):
+        if url.startswith(("data:", "blob:", "about:")) or host in (
+            "127.0.0.1",
+            "localhost",
+        ):
             route.continue_()
         else:
             self.outside.append(url)
             route.abort()
-
-

@@ -35,8 +35,15 @@ def tiny_config():
     from transformer_course.model import TransformerConfig
 
     def make(**overrides) -> TransformerConfig:
-        base = {"src_vocab_size": 20, "tgt_vocab_size": 12, "d_model": 32,
-                "n_heads": 4, "d_ff": 64, "dropout": 0.0, "max_len": 16}
+        base = {
+            "src_vocab_size": 20,
+            "tgt_vocab_size": 12,
+            "d_model": 32,
+            "n_heads": 4,
+            "d_ff": 64,
+            "dropout": 0.0,
+            "max_len": 16,
+        }
         return TransformerConfig(**{**base, **overrides})
 
     return make
@@ -94,7 +101,9 @@ def browser():
     from browsing import CHROMIUM, FLAGS
 
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
-        pytest.fail(f"{CHROMIUM} is missing: run tools/ensure_browser.sh (make test does)")
+        pytest.fail(
+            f"{CHROMIUM} is missing: run tools/ensure_browser.sh (make test does)"
+        )
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:

@@ -37,10 +37,14 @@ def axe_violations(page) -> list[dict]:
 def describe(violations: list[dict]) -> str:
     lines = []
     for v in violations:
-        targets = [" ".join(n["target"]) if isinstance(n["target"], list) else n["target"]
-                   for n in v["nodes"][:3]]
-        lines.append(f"[{v['impact']}] {v['id']}: {v['help']} ({len(v['nodes'])} nodes, "
-                     f"e.g. {json.dumps(targets)[:300]})")
+        targets = [
+            " ".join(n["target"]) if isinstance(n["target"], list) else n["target"]
+            for n in v["nodes"][:3]
+        ]
+        lines.append(
+            f"[{v['impact']}] {v['id']}: {v['help']} ({len(v['nodes'])} nodes, "
+            f"e.g. {json.dumps(targets)[:300]})"
+        )
     return "\n".join(lines)
 
 
@@ -80,7 +84,9 @@ def missing_alt(html: str) -> list[str]:
         alt = (img.get("alt") or "").strip()
         figure = img.find_parent("figure")
         caption = figure.find("figcaption") if figure else None
-        if (alt and not FILE_NAME.match(alt)) or (caption and caption.get_text(strip=True)):
+        if (alt and not FILE_NAME.match(alt)) or (
+            caption and caption.get_text(strip=True)
+        ):
             continue
         bad.append(str(img)[:160])
     return bad
@@ -95,10 +101,12 @@ def test_every_figure_has_alt_text_or_a_caption(site, name):
 
 
 def test_alt_text_check_rejects_a_bare_image():
-    html = ("<div class='cell_output'><img src='x.png' alt=''>"
-            "<img src='../_images/ab12.png' alt='../_images/ab12.png'>"
-            "<img src='z.png' alt='Heatmap of attention weights'></div>"
-            "<figure><img src='y.png'><figcaption>Weights</figcaption></figure>")
+    html = (
+        "<div class='cell_output'><img src='x.png' alt=''>"
+        "<img src='../_images/ab12.png' alt='../_images/ab12.png'>"
+        "<img src='z.png' alt='Heatmap of attention weights'></div>"
+        "<figure><img src='y.png'><figcaption>Weights</figcaption></figure>"
+    )
     bad = missing_alt(html)
     assert len(bad) == 2
     assert "x.png" in bad[0] and "ab12.png" in bad[1]

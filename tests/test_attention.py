@@ -24,13 +24,18 @@ B, H, T, S, D = 2, 3, 5, 7, 8
 
 
 def _qkv(dtype=torch.float32, b=B, h=H, t=T, s=S, d=D):
-    return (torch.randn(b, h, t, d, dtype=dtype), torch.randn(b, h, s, d, dtype=dtype),
-            torch.randn(b, h, s, d, dtype=dtype))
+    return (
+        torch.randn(b, h, t, d, dtype=dtype),
+        torch.randn(b, h, s, d, dtype=dtype),
+        torch.randn(b, h, s, d, dtype=dtype),
+    )
 
 
 def _random_mask(shape):
     mask = torch.rand(shape) > 0.4
-    mask[..., 0] = True  # every query sees a key, so PyTorch gives no NaN to compare with
+    mask[..., 0] = (
+        True  # every query sees a key, so PyTorch gives no NaN to compare with
+    )
     return mask
 
 
@@ -50,7 +55,9 @@ def test_parity_check_can_fail():
     mask = _random_mask((T, S))
     mask[:, -1] = False
     out, _ = scaled_dot_product_attention(q, k, v, mask)
-    wrong = F.scaled_dot_product_attention(q, k, v, attn_mask=~mask | ~mask.any(-1, True))
+    wrong = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=~mask | ~mask.any(-1, True)
+    )
     assert not torch.allclose(out, wrong, atol=1e-3)
 
 
@@ -78,7 +85,9 @@ def test_p1_fully_masked_item_gives_zeros_and_clean_gradients(backend, dtype):
     fn = ATTENTION_BACKENDS[backend]
     torch.manual_seed(1)
     q, k, v = (torch.randn(2, 3, 4, dtype=dtype, requires_grad=True) for _ in range(3))
-    keep = torch.tensor([[True, True, True], [False, False, False]])  # item 1: all padding
+    keep = torch.tensor(
+        [[True, True, True], [False, False, False]]
+    )  # item 1: all padding
     mask = keep[:, None, :]  # (B, 1, S)
     out, weights = fn(q, k, v, mask)
     out[0].sum().backward()
@@ -99,10 +108,14 @@ def test_p1_fully_masked_item_gives_zeros_and_clean_gradients(backend, dtype):
 
 def test_p1_plain_softmax_would_give_nan():
     # the known-wrong implementation this library avoids
-    scores = torch.zeros(1, 3).masked_fill(torch.ones(1, 3, dtype=torch.bool), float("-inf"))
+    scores = torch.zeros(1, 3).masked_fill(
+        torch.ones(1, 3, dtype=torch.bool), float("-inf")
+    )
     assert torch.isnan(torch.softmax(scores, -1)).all()
-    assert torch.equal(masked_softmax(torch.zeros(1, 3), torch.zeros(1, 3, dtype=torch.bool)),
-                       torch.zeros(1, 3))
+    assert torch.equal(
+        masked_softmax(torch.zeros(1, 3), torch.zeros(1, 3, dtype=torch.bool)),
+        torch.zeros(1, 3),
+    )
 
 
 # ------------------------------------------------------------------------- P3
@@ -168,17 +181,46 @@ def test_p6_zero_valid_keys_gives_zeros_not_uniform():
 @param(
     "args, error, words",
     [
-        ((torch.randn(2, 3, 4), torch.randn(2, 5, 6), torch.randn(2, 5, 6)), ValueError,
-         ["k", "d_k = 4", "(2, 5, 6)"]),
-        ((torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 6, 4)), ValueError,
-         ["v", "S = 5", "(2, 6, 4)"]),
-        ((torch.randn(3, 4), torch.randn(5, 4), torch.randn(5, 4),
-          torch.ones(4, 5, dtype=torch.bool)), ValueError, ["mask", "(3, 5)", "(4, 5)"]),
-        ((torch.randn(3, 4), torch.randn(5, 4), torch.randn(5, 4), torch.zeros(3, 5)),
-         TypeError, ["mask", "float32", "bool"]),
-        ((torch.randn(4), torch.randn(5, 4), torch.randn(5, 4)), ValueError, ["q", "(4,)"]),
-        ((torch.ones(3, 4, dtype=torch.long), torch.randn(5, 4), torch.randn(5, 4)),
-         TypeError, ["q", "int64"]),
+        (
+            (torch.randn(2, 3, 4), torch.randn(2, 5, 6), torch.randn(2, 5, 6)),
+            ValueError,
+            ["k", "d_k = 4", "(2, 5, 6)"],
+        ),
+        (
+            (torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 6, 4)),
+            ValueError,
+            ["v", "S = 5", "(2, 6, 4)"],
+        ),
+        (
+            (
+                torch.randn(3, 4),
+                torch.randn(5, 4),
+                torch.randn(5, 4),
+                torch.ones(4, 5, dtype=torch.bool),
+            ),
+            ValueError,
+            ["mask", "(3, 5)", "(4, 5)"],
+        ),
+        (
+            (
+                torch.randn(3, 4),
+                torch.randn(5, 4),
+                torch.randn(5, 4),
+                torch.zeros(3, 5),
+            ),
+            TypeError,
+            ["mask", "float32", "bool"],
+        ),
+        (
+            (torch.randn(4), torch.randn(5, 4), torch.randn(5, 4)),
+            ValueError,
+            ["q", "(4,)"],
+        ),
+        (
+            (torch.ones(3, 4, dtype=torch.long), torch.randn(5, 4), torch.randn(5, 4)),
+            TypeError,
+            ["q", "int64"],
+        ),
     ],
 )
 @param("backend", sorted(ATTENTION_BACKENDS))
@@ -202,8 +244,12 @@ def test_additive_attention_equals_explicit_loop():
     q, k, v = torch.randn(3, 5), torch.randn(4, 6), torch.randn(4, 2)
     w_q, w_k, w = torch.randn(7, 5), torch.randn(7, 6), torch.randn(7)
     out, weights = additive_attention(q, k, v, w_q, w_k, w)
-    scores = torch.tensor([[float(w @ torch.tanh(w_q @ q[i] + w_k @ k[j])) for j in range(4)]
-                           for i in range(3)])
+    scores = torch.tensor(
+        [
+            [float(w @ torch.tanh(w_q @ q[i] + w_k @ k[j])) for j in range(4)]
+            for i in range(3)
+        ]
+    )
     ref_w = torch.softmax(scores, -1)
     torch.testing.assert_close(weights, ref_w)
     torch.testing.assert_close(out, ref_w @ v)
@@ -212,8 +258,12 @@ def test_additive_attention_equals_explicit_loop():
 
 
 def test_gradcheck_double():
-    q, k, v = (torch.randn(1, 3, 4, dtype=torch.double, requires_grad=True) for _ in range(3))
-    mask = torch.tensor([[True, False, True], [True, True, False], [False, False, False]])
+    q, k, v = (
+        torch.randn(1, 3, 4, dtype=torch.double, requires_grad=True) for _ in range(3)
+    )
+    mask = torch.tensor(
+        [[True, False, True], [True, True, False], [False, False, False]]
+    )
     assert torch.autograd.gradcheck(
         lambda q, k, v: scaled_dot_product_attention(q, k, v, mask)[0], (q, k, v)
     )

@@ -65,7 +65,9 @@ def test_fully_masked_row_is_zero_not_nan_or_uniform():
     assert torch.equal(masked_softmax(scores, mask), torch.zeros(1, 1, 4))  # P1, P6
     wrong = torch.softmax(scores.masked_fill(~mask, -1e9), -1)  # P6's bug
     assert torch.allclose(wrong, torch.full((1, 1, 4), 0.25))
-    assert torch.isnan(torch.softmax(scores.masked_fill(~mask, float("-inf")), -1)).all()
+    assert torch.isnan(
+        torch.softmax(scores.masked_fill(~mask, float("-inf")), -1)
+    ).all()
 
 
 def test_dropout_on_weights_only_in_training():
@@ -76,8 +78,9 @@ def test_dropout_on_weights_only_in_training():
     assert not torch.allclose(a, b)
     assert torch.allclose(c, scaled_dot_product_attention(q, k, v)[0])
     # expected value is preserved: survivors are scaled by 1 / (1 - p)
-    runs = torch.stack([scaled_dot_product_attention(q, k, v, dropout_p=0.5)[0]
-                        for _ in range(2000)])
+    runs = torch.stack(
+        [scaled_dot_product_attention(q, k, v, dropout_p=0.5)[0] for _ in range(2000)]
+    )
     assert torch.allclose(runs.mean(0), c, atol=0.1)
 
 
@@ -174,12 +177,15 @@ def _softmax_dim0(scores, mask=None, dim=-1):
     return torch.softmax(scores, 0)
 
 
-@param("fn, words", [
-    (_softmax_naive, "overflowed"),
-    (_softmax_shifted_nan, "NaN"),
-    (_softmax_big_negative, "P6"),
-    (_softmax_dim0, "last axis"),
-])
+@param(
+    "fn, words",
+    [
+        (_softmax_naive, "overflowed"),
+        (_softmax_shifted_nan, "NaN"),
+        (_softmax_big_negative, "P6"),
+        (_softmax_dim0, "last axis"),
+    ],
+)
 def test_stable_softmax_check_rejects(fn, words):
     with pytest.raises(CheckError, match=words):
         check_stable_softmax.strict(fn)
@@ -196,16 +202,20 @@ def _att(scale=True, dim=-1, invert=False, guard=True):
         if guard:
             w = torch.nan_to_num(w)
         return w @ v, w
+
     return fn
 
 
-@param("fn, words", [
-    (_att(scale=False), "P12"),
-    (_att(dim=0), "P11"),
-    (_att(dim=1), "P11"),
-    (_att(invert=True), "inverted"),
-    (_att(guard=False), "P1"),
-])
+@param(
+    "fn, words",
+    [
+        (_att(scale=False), "P12"),
+        (_att(dim=0), "P11"),
+        (_att(dim=1), "P11"),
+        (_att(invert=True), "inverted"),
+        (_att(guard=False), "P1"),
+    ],
+)
 def test_masked_attention_check_rejects(fn, words):
     with pytest.raises(CheckError, match=words):
         check_masked_attention.strict(fn)

@@ -27,10 +27,12 @@ SCREENSHOTS = ROOT / "_build" / "screenshots"
 
 # -- checks: each returns a list of problems (empty = fine) ---------------------------
 
+
 def _set(locator, value) -> None:
     locator.evaluate(
         "(el, v) => { el.value = String(v); el.dispatchEvent(new Event('input'));"
-        " el.dispatchEvent(new Event('change')); }", value,
+        " el.dispatchEvent(new Event('change')); }",
+        value,
     )
 
 
@@ -52,7 +54,9 @@ def animation_problems(page) -> list[str]:
         _set(slider, last)
         final = image.get_attribute("src")
         if not first or first == final:
-            problems.append(f"animation {i}: moving the slider did not change the frame")
+            problems.append(
+                f"animation {i}: moving the slider did not change the frame"
+            )
     return problems
 
 
@@ -81,9 +85,16 @@ def interactive_problems(page) -> list[str]:
             other = n - 1 if before_value == "0" else 0
             _set(control, other)
             if frame.get_attribute("src") == before:
-                problems.append(f"view {i}: control {j} ({tag}) did not change the image")
-            if tag == "input" and not control.locator(
-                    "xpath=..").locator(".tc-value").inner_text().strip():
+                problems.append(
+                    f"view {i}: control {j} ({tag}) did not change the image"
+                )
+            if (
+                tag == "input"
+                and not control.locator("xpath=..")
+                .locator(".tc-value")
+                .inner_text()
+                .strip()
+            ):
                 problems.append(f"view {i}: slider {j} shows no value")
             _set(control, before_value)
     return problems
@@ -123,8 +134,10 @@ def math_problems(page, timeout: int = 30_000) -> list[str]:
     problems = []
     errors = page.locator("mjx-merror, [data-mjx-error]")
     if errors.count():
-        problems.append(f"{errors.count()} TeX error(s), e.g. "
-                        f"{errors.first.get_attribute('data-mjx-error') or errors.first.inner_text()}")
+        problems.append(
+            f"{errors.count()} TeX error(s), e.g. "
+            f"{errors.first.get_attribute('data-mjx-error') or errors.first.inner_text()}"
+        )
     left = page.evaluate(
         "() => Array.from(document.querySelectorAll('.math'))"
         ".filter(el => !el.querySelector('mjx-container'))"
@@ -204,12 +217,15 @@ def animation_control_problems(page) -> list[str]:
 
 # -- the site ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", [*PAGES, "search", "genindex"], ids=short)
 def test_page_loads_cleanly_and_stays_on_this_host(browser, server, name):
     visit = Visit(browser, f"{server}/{name}.html")
     if name in CHAPTERS:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        visit.page.screenshot(path=str(SCREENSHOTS / f"{short(name)}.png"), full_page=True)
+        visit.page.screenshot(
+            path=str(SCREENSHOTS / f"{short(name)}.png"), full_page=True
+        )
     visit.page.close()
     assert not visit.outside, f"requests to other hosts: {visit.outside}"
     assert not visit.errors, f"console errors: {visit.errors}"
@@ -253,7 +269,9 @@ def test_math_renders(browser, server, name):
     assert not problems, f"{short(name)}: {problems}"
 
 
-@pytest.mark.skipif("book/03_multi_head" not in PAGES, reason="chapter 3 not in the toc")
+@pytest.mark.skipif(
+    "book/03_multi_head" not in PAGES, reason="chapter 3 not in the toc"
+)
 def test_search_finds_multi_head(browser, server):
     page = Visit(browser, f"{server}/search.html?q=multi-head").page
     page.wait_for_selector("#search-results ul.search li a", timeout=60_000)
@@ -286,7 +304,8 @@ def test_checks_reject_a_broken_page(browser):
     assert visit.outside == ["https://cdn.example.org/font-awesome.css"]
     assert any("boom" in e for e in visit.errors)
     assert animation_problems(page) == [
-        "animation 0: moving the slider did not change the frame"]
+        "animation 0: moving the slider did not change the frame"
+    ]
     problems = interactive_problems(page)
     assert "view 0: control 0 (input) did not change the image" in problems
     assert "view 0: slider 0 shows no value" in problems
@@ -344,6 +363,9 @@ def test_icon_check_rejects_glyphs_and_empty_icons(browser):
     visit.page.close()
     assert len(problems) == 4, problems
     assert problems[0].startswith("control 0 (First frame): shows the text")
-    assert problems[1] == "control 1 (Play): no visible icon (svg, image or web-font glyph)"
+    assert (
+        problems[1]
+        == "control 1 (Play): no visible icon (svg, image or web-font glyph)"
+    )
     assert problems[2] == "control 2 (Pause): its svg icon is blank"
     assert problems[3].startswith("control 3 (Next frame): no visible icon")

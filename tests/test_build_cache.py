@@ -19,7 +19,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FRONT = (ROOT / "book" / "01_qkv.md").read_text().split("---\n")[1]
-CELL = "from transformer_course.training import noam_lr\nprint('lr =', noam_lr(4, 16, 4))"
+CELL = (
+    "from transformer_course.training import noam_lr\nprint('lr =', noam_lr(4, 16, 4))"
+)
 RETURN = "    return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)\n"
 
 
@@ -27,9 +29,11 @@ def _book(tmp_path: Path) -> Path:
     (tmp_path / "book" / "_static" / "vendor_root").mkdir(parents=True)
     shutil.copy(ROOT / "_config.yml", tmp_path)
     shutil.copytree(ROOT / "book" / "_ext", tmp_path / "book" / "_ext")
-    shutil.copytree(ROOT / "src" / "transformer_course",
-                    tmp_path / "src" / "transformer_course",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        ROOT / "src" / "transformer_course",
+        tmp_path / "src" / "transformer_course",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     for name in ("references.bib", "favicon.svg"):
         shutil.copy(ROOT / "book" / name, tmp_path / "book" / name)
     (tmp_path / "_toc.yml").write_text(
@@ -44,11 +48,18 @@ def _book(tmp_path: Path) -> Path:
 
 def _build(path: Path) -> str:
     jb = Path(sys.executable).parent / "jupyter-book"
-    env = {**os.environ, "TRANSFORMER_COURSE_STATIC": "1",
-           "PYTHONPATH": str(path / "src")}  # the chapters import this copy
+    env = {
+        **os.environ,
+        "TRANSFORMER_COURSE_STATIC": "1",
+        "PYTHONPATH": str(path / "src"),
+    }  # the chapters import this copy
     result = subprocess.run(
         [str(jb), "build", str(path), "-W", "-n", "--keep-going", "--builder", "html"],
-        capture_output=True, text=True, timeout=600, check=False, env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env=env,
     )
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-3000:]
@@ -76,6 +87,9 @@ def test_a_library_edit_reexecutes_the_chapters(tmp_path):
     log = _build(book)
     assert "Executed notebook" in log
     assert _printed(book) == ["0.25"], "the page shows the old library's output"
-    caches = sorted(p.name for p in (book / "_build" / ".jupyter_cache").iterdir()
-                    if p.name.startswith("library-"))
+    caches = sorted(
+        p.name
+        for p in (book / "_build" / ".jupyter_cache").iterdir()
+        if p.name.startswith("library-")
+    )
     assert len(caches) == 1  # the old library's cache is gone

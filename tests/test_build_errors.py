@@ -35,7 +35,10 @@ def _build(path: Path) -> subprocess.CompletedProcess:
     jb = Path(sys.executable).parent / "jupyter-book"
     return subprocess.run(
         [str(jb), "build", str(path), "-W", "-n", "--keep-going", "--builder", "html"],
-        capture_output=True, text=True, timeout=600, check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
         env={**os.environ, "TRANSFORMER_COURSE_STATIC": "1"},
     )
 

@@ -46,12 +46,16 @@ def test_neighbour_check(capsys):
     assert _quiet(check_neighbour_agreement, neighbour_agreement, capsys) is True
 
     def with_self(e, r):
-        return float((_neighbours_with_self(e) == _neighbours_with_self(r))
-                     .float().mean())
+        return float(
+            (_neighbours_with_self(e) == _neighbours_with_self(r)).float().mean()
+        )
 
     def dot_products(e, r):
-        return float((_neighbours_by_dot_product(e) == _neighbours_by_dot_product(r))
-                     .float().mean())
+        return float(
+            (_neighbours_by_dot_product(e) == _neighbours_by_dot_product(r))
+            .float()
+            .mean()
+        )
 
     with pytest.raises(CheckError, match="got 1.0"):
         check_neighbour_agreement.strict(with_self)

@@ -32,9 +32,13 @@ def long_lines(text: str, limit: int = MAX_WIDTH) -> list[tuple[int, int, str]]:
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
 def test_code_cells_fit_the_page(chapter):
     found = long_lines(chapter.read_text())
-    report = "\n".join(f"  {chapter.name}:{n}: {w} characters: {line.strip()[:60]}..."
-                       for n, w, line in found)
-    assert not found, f"{len(found)} code line(s) over {MAX_WIDTH} characters:\n{report}"
+    report = "\n".join(
+        f"  {chapter.name}:{n}: {w} characters: {line.strip()[:60]}..."
+        for n, w, line in found
+    )
+    assert not found, (
+        f"{len(found)} code line(s) over {MAX_WIDTH} characters:\n{report}"
+    )
 
 
 def test_the_check_finds_a_long_line():

@@ -27,7 +27,9 @@ import colab_sim
 
 pytestmark = pytest.mark.colab
 
-CHAPTERS = [c for c in colab_sim.toc_chapters() if (ROOT / "notebooks" / f"{c}.ipynb").exists()]
+CHAPTERS = [
+    c for c in colab_sim.toc_chapters() if (ROOT / "notebooks" / f"{c}.ipynb").exists()
+]
 # Optionally only some chapters, e.g. TRANSFORMER_COURSE_COLAB_CHAPTERS=01_qkv,05_masks
 ONLY = os.environ.get("TRANSFORMER_COURSE_COLAB_CHAPTERS", "")
 RUN = [c for c in CHAPTERS if not ONLY or c in ONLY.split(",")]
@@ -52,7 +54,9 @@ def test_install_cell_targets_the_configured_repository():
     for name in CHAPTERS:
         nb = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
         first = nb.cells[0].source
-        assert f"git+{url}@{branch}" in first, f"{name}: first cell does not install {url}"
+        assert f"git+{url}@{branch}" in first, (
+            f"{name}: first cell does not install {url}"
+        )
 
 
 @pytest.mark.parametrize("name", RUN)
@@ -66,11 +70,13 @@ def test_a_notebook_that_needs_the_repository_fails(sim, tmp_path):
     """The check can fail: the environment does not hold the package until a notebook
     installs it, and the repository is not reachable from the notebook's folder."""
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(
-        "import importlib.util\n"
-        "assert importlib.util.find_spec('transformer_course') is None, 'leaked'\n"
-        "open('../book/01_qkv.md').read()"
-    )]
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            "import importlib.util\n"
+            "assert importlib.util.find_spec('transformer_course') is None, 'leaked'\n"
+            "open('../book/01_qkv.md').read()"
+        )
+    ]
     path = tmp_path / "needs_repo.ipynb"
     nbformat.write(nb, path)
     result = sim.run(path, timeout=120)

@@ -21,17 +21,22 @@ from transformer_course.model import TransformerConfig
 def hand_loss(img, txt, scale, symmetric=True):
     """The loss written out with scalars: cosines, softmax along rows and columns."""
     B = len(img)
+
     def unit(v):
         norm = math.sqrt(sum(a * a for a in v))
         return [a / norm for a in v]
 
     unit_i, unit_t = [unit(v) for v in img.tolist()], [unit(v) for v in txt.tolist()]
-    s = [[scale * sum(a * b for a, b in zip(unit_i[i], unit_t[j])) for j in range(B)]
-         for i in range(B)]
-    rows = [-s[i][i] + math.log(sum(math.exp(s[i][j]) for j in range(B)))
-            for i in range(B)]
-    cols = [-s[j][j] + math.log(sum(math.exp(s[i][j]) for i in range(B)))
-            for j in range(B)]
+    s = [
+        [scale * sum(a * b for a, b in zip(unit_i[i], unit_t[j])) for j in range(B)]
+        for i in range(B)
+    ]
+    rows = [
+        -s[i][i] + math.log(sum(math.exp(s[i][j]) for j in range(B))) for i in range(B)
+    ]
+    cols = [
+        -s[j][j] + math.log(sum(math.exp(s[i][j]) for i in range(B))) for j in range(B)
+    ]
     i2t = sum(rows) / B
     return (i2t + sum(cols) / B) / 2 if symmetric else i2t
 
@@ -48,10 +53,13 @@ def test_symmetric_and_one_sided_differ_and_known_wrong_losses_are_rejected():
     g = torch.Generator().manual_seed(1)
     img, txt = torch.randn(5, 4, generator=g), torch.randn(5, 4, generator=g)
     want = hand_loss(img, txt, 3.0)
-    assert contrastive_loss(img, txt, 3.0, symmetric=False).item() != pytest.approx(want)
-    unnormalised = (torch.nn.functional.cross_entropy(3.0 * img @ txt.T, torch.arange(5))
-                    + torch.nn.functional.cross_entropy(3.0 * txt @ img.T,
-                                                        torch.arange(5))) / 2
+    assert contrastive_loss(img, txt, 3.0, symmetric=False).item() != pytest.approx(
+        want
+    )
+    unnormalised = (
+        torch.nn.functional.cross_entropy(3.0 * img @ txt.T, torch.arange(5))
+        + torch.nn.functional.cross_entropy(3.0 * txt @ img.T, torch.arange(5))
+    ) / 2
     assert unnormalised.item() != pytest.approx(want)
     assert contrastive_loss(img, txt, 3.0).item() == pytest.approx(want, rel=1e-5)
 
@@ -60,8 +68,9 @@ def test_perfect_pairs_give_a_small_loss_and_random_ones_about_log_b():
     eye = torch.eye(8)
     assert contrastive_loss(eye, eye, 100.0).item() < 1e-3
     g = torch.Generator().manual_seed(2)
-    rand = contrastive_loss(torch.randn(256, 64, generator=g),
-                            torch.randn(256, 64, generator=g), 1.0).item()
+    rand = contrastive_loss(
+        torch.randn(256, 64, generator=g), torch.randn(256, 64, generator=g), 1.0
+    ).item()
     assert rand == pytest.approx(math.log(256), rel=0.05)
 
 
@@ -85,12 +94,14 @@ def test_logit_scale_is_initialised_and_clamped_as_clip():
 
 
 def test_dual_encoder_gives_unit_vectors_and_ignores_padding():
-    cfg = TransformerConfig(src_vocab_size=10, d_model=16, n_heads=2, d_ff=32,
-                            n_layers=1, dropout=0.0)
+    cfg = TransformerConfig(
+        src_vocab_size=10, d_model=16, n_heads=2, d_ff=32, n_layers=1, dropout=0.0
+    )
     torch.manual_seed(0)
     model = DualEncoder(cfg, (8, 16), 4, embed_dim=8).eval()
-    img, txt, _ = model(torch.rand(3, 8, 16), torch.tensor([[4, 5, 0], [6, 0, 0],
-                                                           [7, 8, 9]]))
+    img, txt, _ = model(
+        torch.rand(3, 8, 16), torch.tensor([[4, 5, 0], [6, 0, 0], [7, 8, 9]])
+    )
     assert img.shape == txt.shape == (3, 8)
     assert torch.allclose(img.norm(dim=-1), torch.ones(3), atol=1e-5)
     assert torch.allclose(txt.norm(dim=-1), torch.ones(3), atol=1e-5)

@@ -20,8 +20,15 @@ param = pytest.mark.parametrize
 
 def _model(norm_first=True, positional="sinusoidal"):
     cfg = TransformerConfig(
-        src_vocab_size=20, tgt_vocab_size=12, d_model=32, n_heads=4, d_ff=64,
-        dropout=0.0, max_len=16, norm_first=norm_first, positional=positional,
+        src_vocab_size=20,
+        tgt_vocab_size=12,
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        dropout=0.0,
+        max_len=16,
+        norm_first=norm_first,
+        positional=positional,
     )
     torch.manual_seed(0)
     model = make_model(cfg).eval()
@@ -45,8 +52,13 @@ def test_kv_cache_appends_along_sequence_axis():
 
 @param(
     "norm_first, positional",
-    [(False, "sinusoidal"), (True, "sinusoidal"), (True, "learned"), (True, "rope"),
-     (True, "alibi")],
+    [
+        (False, "sinusoidal"),
+        (True, "sinusoidal"),
+        (True, "learned"),
+        (True, "rope"),
+        (True, "alibi"),
+    ],
 )
 def test_cached_logits_equal_uncached(norm_first, positional):
     model = _model(norm_first, positional)

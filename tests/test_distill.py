@@ -24,6 +24,7 @@ from transformer_course.distill import (
 
 def hand_soft_target(s, t, T):
     """sum_c p_c log(p_c / q_c) * T^2 for one row, written out with math."""
+
     def softmax(z):
         e = [math.exp(v / T) for v in z]
         return [v / sum(e) for v in e]
@@ -77,8 +78,9 @@ def test_mean_pool_ignores_padding():
     hidden = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]]])
     mask = torch.tensor([[True, True, False]])
     torch.testing.assert_close(mean_pool(hidden, mask), torch.tensor([[2.0, 3.0]]))
-    assert torch.equal(mean_pool(hidden, torch.zeros(1, 3, dtype=torch.bool)),
-                       torch.zeros(1, 2))
+    assert torch.equal(
+        mean_pool(hidden, torch.zeros(1, 3, dtype=torch.bool)), torch.zeros(1, 2)
+    )
     with pytest.raises(ValueError, match="mask"):
         mean_pool(hidden, mask.float())
 
@@ -91,7 +93,7 @@ def test_cosine_loss():
 
 def attn(B, H, S, padded):
     w = torch.softmax(torch.randn(B, H, S, S), -1)
-    w[..., S - padded:] = 0
+    w[..., S - padded :] = 0
     return w / w.sum(-1, keepdim=True)
 
 
@@ -101,8 +103,10 @@ def test_attention_kl_matches_hand_computation_and_direction():
     hand = 0.0
     for h in range(2):
         for i in range(2):  # real queries only
-            hand += sum(t[0, h, i, j] * math.log(t[0, h, i, j] / s[0, h, i, j])
-                        for j in range(2))
+            hand += sum(
+                t[0, h, i, j] * math.log(t[0, h, i, j] / s[0, h, i, j])
+                for j in range(2)
+            )
     hand /= 2 * 2
     assert attention_kl(s, t, mask).item() == pytest.approx(float(hand), rel=1e-5)
     assert attention_kl(t, s, mask).item() != pytest.approx(float(hand), rel=1e-3)

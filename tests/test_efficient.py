@@ -222,7 +222,9 @@ def test_gqa_with_n_kv_heads_equal_n_heads_is_multihead():
 @param("backend", ["naive", "sdpa", "tiled"])
 def test_gqa_matches_pytorch_enable_gqa(n_kv_heads, backend):
     d_model, n_heads, d_k = 32, 4, 8
-    gqa = MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv_heads, backend=backend).eval()
+    gqa = MultiHeadAttention(
+        d_model, n_heads, n_kv_heads=n_kv_heads, backend=backend
+    ).eval()
     assert gqa.k_proj.weight.shape == (n_kv_heads * d_k, d_model)
     x = torch.randn(2, 9, d_model)
     out, _ = gqa(x, x, x, causal_mask(9))

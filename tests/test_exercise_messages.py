@@ -75,10 +75,16 @@ CASES = [
     (check_stable_softmax, _any_dim(P.softmax_inverted_mask), "mask is inverted"),
     (check_stable_softmax, _any_dim(P.softmax_then_zero), "zeroed after the softmax"),
     (check_stable_softmax, _any_dim(P.softmax_over_queries), "ran over the queries"),
-    (check_stable_softmax, lambda s, mask=None, dim=-1: masked_softmax(s, mask),
-     "dim argument was ignored"),
-    (check_stable_softmax, lambda s, mask=None: masked_softmax(s, mask),
-     "unexpected keyword argument"),
+    (
+        check_stable_softmax,
+        lambda s, mask=None, dim=-1: masked_softmax(s, mask),
+        "dim argument was ignored",
+    ),
+    (
+        check_stable_softmax,
+        lambda s, mask=None: masked_softmax(s, mask),
+        "unexpected keyword argument",
+    ),
     # chapter 2, exercises 2 and 3
     (check_masked_attention, P.attention_unscaled, "P12"),
     (check_masked_attention, P.attention_scaled_by_d_k, "divided by d_k"),
@@ -143,7 +149,7 @@ def _id(case):
 def test_each_mistake_gets_its_own_message(check, wrong, message, capsys):
     assert check(wrong) is False
     printed = capsys.readouterr().out
-    failure = printed[printed.index("✗"):]  # after any "passed" lines of sub-checks
+    failure = printed[printed.index("✗") :]  # after any "passed" lines of sub-checks
     assert message in failure, failure
     assert "Hint: " in failure and "Traceback" not in printed
     assert len(failure.strip().splitlines()) == 2, "only the message and the hint"
@@ -154,8 +160,14 @@ def test_each_mistake_gets_its_own_message(check, wrong, message, capsys):
 
 def test_hints_do_not_print_the_fix():
     """A hint names where to look, never the line to write."""
-    fixes = ["transpose(1, 2)", "[:, None, None, :]", "x @ w.T", "softmax(scores, dim=-1)",
-             "masked_fill(~mask", "math.sqrt(q.shape[-1])"]
+    fixes = [
+        "transpose(1, 2)",
+        "[:, None, None, :]",
+        "x @ w.T",
+        "softmax(scores, dim=-1)",
+        "masked_fill(~mask",
+        "math.sqrt(q.shape[-1])",
+    ]
     for check, wrong, _ in CASES:
         try:
             check.strict(wrong)

@@ -23,7 +23,9 @@ from course_grading import assign as assignments
 
 CHAPTERS = assignments.chapters()
 IDS = [p.stem for p in CHAPTERS]
-CODING = [(p.stem, ex) for p in CHAPTERS for ex in assignments.parse_chapter(p) if ex.coding]
+CODING = [
+    (p.stem, ex) for p in CHAPTERS for ex in assignments.parse_chapter(p) if ex.coding
+]
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=IDS)
@@ -40,16 +42,23 @@ def test_at_least_two_auto_checked_coding_exercises(chapter):
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=IDS)
 def test_a_find_the_bug_exercise(chapter):
-    bugs = [ex.label for ex in assignments.parse_chapter(chapter)
-            if "bug" in (ex.title + " " + ex.text).lower()]
+    bugs = [
+        ex.label
+        for ex in assignments.parse_chapter(chapter)
+        if "bug" in (ex.title + " " + ex.text).lower()
+    ]
     assert bugs, f"{chapter.name}: no exercise whose title or text says 'bug'"
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=IDS)
 def test_every_exercise_has_a_hidden_solution(chapter):
     for ex in assignments.parse_chapter(chapter):
-        assert ex.solution_text is not None, f"{chapter.name}: {ex.label} has no solution"
-        assert ex.hidden, f"{chapter.name}: the solution of {ex.label} is not :class: dropdown"
+        assert ex.solution_text is not None, (
+            f"{chapter.name}: {ex.label} has no solution"
+        )
+        assert ex.hidden, (
+            f"{chapter.name}: the solution of {ex.label} is not :class: dropdown"
+        )
 
 
 # The chapters' code runs here on purpose: that is what these tests check.
@@ -61,8 +70,13 @@ def _namespace() -> dict:
     import transformer_course
 
     ns = {"math": math, "torch": torch, "F": F, "nn": torch.nn}
-    ns.update({k: getattr(transformer_course, k) for k in dir(transformer_course)
-               if not k.startswith("_")})
+    ns.update(
+        {
+            k: getattr(transformer_course, k)
+            for k in dir(transformer_course)
+            if not k.startswith("_")
+        }
+    )
     return ns
 
 
@@ -100,7 +114,8 @@ def test_the_stub_is_reported_as_not_attempted(chapter, exercise):
         result = check(*(ns[f] for f in exercise.functions), **exercise.kwargs)
     assert result is False and "not attempted yet" in printed.getvalue(), (
         f"{exercise.check} on the untouched stub should print 'not attempted yet' and "
-        "return False")
+        "return False"
+    )
 
 
 # ------------------------------------------------------------------ public_test
@@ -123,16 +138,22 @@ def test_public_test_reports_shapes_and_the_stub_only():
         public_test(check_masked_attention, pitfalls.attention_out_only)
 
 
-BUGS = [(c, ex) for c, ex in CODING
-        if "bug" in ex.title.lower() and "\n    def " in ex.text]
+BUGS = [
+    (c, ex) for c, ex in CODING if "bug" in ex.title.lower() and "\n    def " in ex.text
+]
 
 
-@pytest.mark.parametrize("chapter,exercise", BUGS, ids=[f"{c}-{ex.label}" for c, ex in BUGS])
+@pytest.mark.parametrize(
+    "chapter,exercise", BUGS, ids=[f"{c}-{ex.label}" for c, ex in BUGS]
+)
 def test_the_buggy_code_of_a_find_the_bug_exercise_fails_its_check(chapter, exercise):
     """The function printed in the exercise (an indented block) is rejected, with a
     message and a hint rather than a traceback."""
-    code = "\n".join(line[4:] for line in exercise.text.splitlines()
-                     if line.startswith("    ") or not line.strip())
+    code = "\n".join(
+        line[4:]
+        for line in exercise.text.splitlines()
+        if line.startswith("    ") or not line.strip()
+    )
     ns = _chapter_namespace(chapter, exercise)
     before = set(ns)
     exec(code.strip("\n"), ns)

@@ -21,8 +21,15 @@ def _stub(folder: Path, name: str, body: str) -> None:
     path.chmod(0o755)
 
 
-def _machine(tmp_path: Path, *, uid: int, sudo: str | None, apt: bool,
-             chromium: bool = False, font: bool = False):
+def _machine(
+    tmp_path: Path,
+    *,
+    uid: int,
+    sudo: str | None,
+    apt: bool,
+    chromium: bool = False,
+    font: bool = False,
+):
     """A fake machine: stub commands on PATH; apt-get logs its arguments and, on
     install, creates the chromium and font files."""
     bin_dir, log = tmp_path / "bin", tmp_path / "apt.log"
@@ -30,9 +37,13 @@ def _machine(tmp_path: Path, *, uid: int, sudo: str | None, apt: bool,
     chrome, font_file = tmp_path / "usr-bin-chromium", tmp_path / "DejaVuSans.ttf"
     _stub(bin_dir, "id", f'[ "$1" = -u ] && echo {uid}')
     if apt:
-        _stub(bin_dir, "apt-get", f'echo "$@" >> {log}\n'
-              f'if [ "$1" = install ] || [ "$2" = install ]; then\n'
-              f"  echo > {font_file}; echo > {chrome}; /bin/chmod +x {chrome}\nfi")
+        _stub(
+            bin_dir,
+            "apt-get",
+            f'echo "$@" >> {log}\n'
+            f'if [ "$1" = install ] || [ "$2" = install ]; then\n'
+            f"  echo > {font_file}; echo > {chrome}; /bin/chmod +x {chrome}\nfi",
+        )
     if sudo == "passwordless":
         _stub(bin_dir, "sudo", '[ "$1" = -n ] && shift\n"$@"')
     elif sudo == "asks":
@@ -47,12 +58,21 @@ def _machine(tmp_path: Path, *, uid: int, sudo: str | None, apt: bool,
 
 
 def _run(env):
-    return subprocess.run([BASH, str(SCRIPT)], env=env, capture_output=True, text=True,
-                          timeout=30, check=False)
+    return subprocess.run(
+        [BASH, str(SCRIPT)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
 
 
-@pytest.mark.parametrize("sudo, apt", [(None, True), ("asks", True), (None, False)],
-                         ids=["no-sudo", "sudo-asks-password", "no-apt-get"])
+@pytest.mark.parametrize(
+    "sudo, apt",
+    [(None, True), ("asks", True), (None, False)],
+    ids=["no-sudo", "sudo-asks-password", "no-apt-get"],
+)
 def test_setup_without_rights_stops_at_once_saying_what_to_install(tmp_path, sudo, apt):
     env, log, chrome = _machine(tmp_path, uid=1000, sudo=sudo, apt=apt)
     result = _run(env)
@@ -64,33 +84,44 @@ def test_setup_without_rights_stops_at_once_saying_what_to_install(tmp_path, sud
     assert not chrome.exists()
 
 
-@pytest.mark.parametrize("uid, sudo", [(0, None), (1000, "passwordless")],
-                         ids=["root", "passwordless-sudo"])
+@pytest.mark.parametrize(
+    "uid, sudo", [(0, None), (1000, "passwordless")], ids=["root", "passwordless-sudo"]
+)
 def test_setup_installs_chromium_and_fonts_when_it_may(tmp_path, uid, sudo):
     env, log, chrome = _machine(tmp_path, uid=uid, sudo=sudo, apt=True)
     result = _run(env)
     assert result.returncode == 0, result.stderr
     calls = log.read_text().splitlines()
     assert calls[0].startswith("update")
-    assert calls[1].startswith("install") and calls[1].endswith("chromium fonts-dejavu-core")
+    assert calls[1].startswith("install") and calls[1].endswith(
+        "chromium fonts-dejavu-core"
+    )
     assert chrome.exists()
 
 
 def test_setup_does_nothing_when_chromium_is_there(tmp_path):
-    env, log, _ = _machine(tmp_path, uid=0, sudo=None, apt=True, chromium=True,
-                           font=True)
+    env, log, _ = _machine(
+        tmp_path, uid=0, sudo=None, apt=True, chromium=True, font=True
+    )
     result = _run(env)
     assert result.returncode == 0 and result.stdout == result.stderr == ""
     assert not log.exists()
     # known wrong: with the font missing it is not "there"
-    env, log, _ = _machine(tmp_path / "nofont", uid=0, sudo=None, apt=True,
-                           chromium=True)
+    env, log, _ = _machine(
+        tmp_path / "nofont", uid=0, sudo=None, apt=True, chromium=True
+    )
     assert _run(env).returncode == 0 and log.exists()
 
 
 def test_make_test_sets_up_the_browser_before_the_long_build():
-    plan = subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, check=False).stdout
+    plan = subprocess.run(
+        ["make", "-n", "test"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    ).stdout
     setup = plan.find("tools/ensure_browser.sh")
     assert setup != -1, "make test does not set up chromium"
     build = plan.find("jupyter-book build")

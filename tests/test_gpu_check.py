@@ -16,9 +16,15 @@ SCRIPT = ROOT / "tools" / "gpu_check.py"
 
 
 def run(*args, **env):
-    return subprocess.run([sys.executable, str(SCRIPT), *args], check=False,
-                          capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, **env}, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **env},
+        timeout=600,
+    )
 
 
 def load():
@@ -41,11 +47,17 @@ def test_every_step_runs_on_the_cpu_and_writes_the_report(tmp_path):
     result = run("--cpu-smoke", "--out", str(out), CUDA_VISIBLE_DEVICES="")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     text = out.read_text()
-    for title in ("Device selection", "Training the library's DecoderOnlyLM",
-                  "Triton FlashAttention", "Running out of memory",
-                  "0 failed check(s)"):
+    for title in (
+        "Device selection",
+        "Training the library's DecoderOnlyLM",
+        "Triton FlashAttention",
+        "Running out of memory",
+        "0 failed check(s)",
+    ):
         assert title in text
-    if importlib.util.find_spec("triton") is not None:  # every dtype the kernel promises
+    if (
+        importlib.util.find_spec("triton") is not None
+    ):  # every dtype the kernel promises
         for dtype in ("float32", "float16", "bfloat16"):
             for case in ("plain", "causal", "padding mask"):
                 assert f"- ok: {dtype} {case}:" in text, (dtype, case)
@@ -75,8 +87,14 @@ def test_out_of_memory_is_caught_and_the_longest_length_reported():
         return module.naive_attention(q, k, v)
 
     report = module.Report()
-    module.check_out_of_memory(report, torch.device("cpu"), start=32, limit=4096,
-                               heads=1, attend=runs_out_above_128)
+    module.check_out_of_memory(
+        report,
+        torch.device("cpu"),
+        start=32,
+        limit=4096,
+        heads=1,
+        attend=runs_out_above_128,
+    )
     text = "\n".join(report.lines)
     assert "longest length that ran: 128; OutOfMemoryError at T = 256" in text
     assert not report.failures
@@ -89,6 +107,7 @@ def test_a_length_that_never_runs_is_a_failure():
         raise torch.cuda.OutOfMemoryError("simulated")
 
     report = module.Report()
-    module.check_out_of_memory(report, torch.device("cpu"), start=32, limit=64,
-                               heads=1, attend=always_out)
+    module.check_out_of_memory(
+        report, torch.device("cpu"), start=32, limit=64, heads=1, attend=always_out
+    )
     assert report.failures

@@ -87,8 +87,10 @@ def _forged(obj, f, *args, **kwargs):
 _pickle.dump = _forged
 """,
 }
-MALICIOUS = {"01_qkv": ["patch_checker", "patch_otter"],
-             "02_scaled_dot_product": ["rewrite_hidden_tests", "overwrite_results"]}
+MALICIOUS = {
+    "01_qkv": ["patch_checker", "patch_otter"],
+    "02_scaled_dot_product": ["rewrite_hidden_tests", "overwrite_results"],
+}
 
 MARKER = "forge-grades-8d1f"  # in the command line of the background attack's process
 _FORGER = """import pathlib, sys, time
@@ -101,40 +103,64 @@ for _ in range(900):
 # after every answer); {home}, {subs}, {lib}, {port}, {out} are filled in by the fixture.
 # Each maps to (code, what the flag must say).
 SANDBOX_ATTACKS = {
-    "write_home": ("open({home!r} + '/pwned-by-a-student.txt', 'w').write('pwned')\n",
-                   "Read-only file system"),
+    "write_home": (
+        "open({home!r} + '/pwned-by-a-student.txt', 'w').write('pwned')\n",
+        "Read-only file system",
+    ),
     "write_other_submission": (
-        ("import glob as _g\n"
-        "for _d in _g.glob('/tmp/grade-*/otter'):\n"
-        "    open(_d + '/submission.ipynb', 'w').write('{{}}')\n"
-        "open({subs!r} + '/02_reference.ipynb', 'w').write('{{}}')\n"),
-        "FileNotFoundError"),
+        (
+            "import glob as _g\n"
+            "for _d in _g.glob('/tmp/grade-*/otter'):\n"
+            "    open(_d + '/submission.ipynb', 'w').write('{{}}')\n"
+            "open({subs!r} + '/02_reference.ipynb', 'w').write('{{}}')\n"
+        ),
+        "FileNotFoundError",
+    ),
     "copy_answers": (
-        ("import json as _json\n"
-        "_nb = _json.load(open({subs!r} + '/02_reference.ipynb'))\n"
-        "for _c in _nb['cells']:\n"
-        "    _src = ''.join(_c['source'])\n"
-        "    if _c['cell_type'] == 'code' and _src.startswith('def '):\n"
-        "        exec(_src.split('check_')[0])\n"),
-        "FileNotFoundError"),
+        (
+            "import json as _json\n"
+            "_nb = _json.load(open({subs!r} + '/02_reference.ipynb'))\n"
+            "for _c in _nb['cells']:\n"
+            "    _src = ''.join(_c['source'])\n"
+            "    if _c['cell_type'] == 'code' and _src.startswith('def '):\n"
+            "        exec(_src.split('check_')[0])\n"
+        ),
+        "FileNotFoundError",
+    ),
     "overwrite_library": (
-        ("import transformer_course as _tc\n"
-        "for _p in [_tc.__file__, {lib!r} + '/__init__.py']:\n"
-        "    open(_p, 'a').write('\\nraise SystemExit(\"pwned\")\\n')\n"),
-        "Read-only file system"),
+        (
+            "import transformer_course as _tc\n"
+            "for _p in [_tc.__file__, {lib!r} + '/__init__.py']:\n"
+            "    open(_p, 'a').write('\\nraise SystemExit(\"pwned\")\\n')\n"
+        ),
+        "Read-only file system",
+    ),
     "open_socket": (
-        ("import socket as _s\n"
-        "_s.create_connection(('127.0.0.1', {port}), timeout=5).sendall(b'answers?')\n"),
-        "ConnectionRefusedError"),
+        (
+            "import socket as _s\n"
+            "_s.create_connection(('127.0.0.1', {port}), timeout=5).sendall(b'answers?')\n"
+        ),
+        "ConnectionRefusedError",
+    ),
     "background_process": (
-        ("import subprocess as _sp, sys as _sys\n"
-        "_sp.Popen([_sys.executable, '-c', {forger!r}, {out!r}, {marker!r}],\n"
-        "          start_new_session=True)\n"),
-        "left a process running"),
-    "kill_parent": ("import os as _os, signal as _sig\n_os.kill(_os.getppid(), _sig.SIGKILL)\n",
-                    "otter run failed"),
-    "eat_memory": (("def _eat():\n    _x = []\n    while True:\n        _x.append(bytearray(2**27))\n"
-                   "_eat()\n"), "MemoryError"),
+        (
+            "import subprocess as _sp, sys as _sys\n"
+            "_sp.Popen([_sys.executable, '-c', {forger!r}, {out!r}, {marker!r}],\n"
+            "          start_new_session=True)\n"
+        ),
+        "left a process running",
+    ),
+    "kill_parent": (
+        "import os as _os, signal as _sig\n_os.kill(_os.getppid(), _sig.SIGKILL)\n",
+        "otter run failed",
+    ),
+    "eat_memory": (
+        (
+            "def _eat():\n    _x = []\n    while True:\n        _x.append(bytearray(2**27))\n"
+            "_eat()\n"
+        ),
+        "MemoryError",
+    ),
 }
 
 
@@ -148,35 +174,55 @@ def _fill(student_nb: Path, answers: list[str | None], out: Path) -> None:
     nbformat.write(nb, out)
 
 
-def _submissions(chapter: str, student_nb: Path, folder: Path,
-                 fill: dict | None = None) -> dict[str, str]:
+def _submissions(
+    chapter: str, student_nb: Path, folder: Path, fill: dict | None = None
+) -> dict[str, str]:
     """Writes this chapter's submissions; returns {student: kind}. ``fill`` (the paths
     the sandbox attacks aim at) adds them; without it they are left out."""
-    exercises = [e for e in assignments.parse_chapter(ROOT / "book" / f"{chapter}.md")
-                 if e.coding]
-    ref = [f"{e.solution_code}\n\n{e.check}({', '.join(e.functions)});" for e in exercises]
+    exercises = [
+        e
+        for e in assignments.parse_chapter(ROOT / "book" / f"{chapter}.md")
+        if e.coding
+    ]
+    ref = [
+        f"{e.solution_code}\n\n{e.check}({', '.join(e.functions)});" for e in exercises
+    ]
     stubs: list[str | None] = [None] * len(ref)
     kinds = {
         "reference": ref,
         "half_right": [ref[0], WRONG[chapter], *stubs[2:]],
-        "raises": [ref[0].replace(
-            ref[0].split("\n", 1)[1].split("\n\n")[0],
-            '    raise ValueError("the learner\'s own error")'), *ref[1:]],
-        "infinite_loop": [ref[0].replace(
-            ref[0].split("\n", 1)[1].split("\n\n")[0], "    while True:\n        pass"),
-            *ref[1:]],
+        "raises": [
+            ref[0].replace(
+                ref[0].split("\n", 1)[1].split("\n\n")[0],
+                '    raise ValueError("the learner\'s own error")',
+            ),
+            *ref[1:],
+        ],
+        "infinite_loop": [
+            ref[0].replace(
+                ref[0].split("\n", 1)[1].split("\n\n")[0],
+                "    while True:\n        pass",
+            ),
+            *ref[1:],
+        ],
     }
     stub0 = nbformat.read(student_nb, as_version=4)
-    stubs_src = [c.source for c in stub0.cells
-                 if "otter_answer_cell" in c.metadata.get("tags", [])]
+    stubs_src = [
+        c.source
+        for c in stub0.cells
+        if "otter_answer_cell" in c.metadata.get("tags", [])
+    ]
     first_stub = stubs_src[0]
     for attack in MALICIOUS[chapter]:
         kinds[attack] = [ATTACKS[attack] + first_stub, *stubs[1:]]
     if chapter == "02_scaled_dot_product" and fill is not None:
         for attack, (code, _) in SANDBOX_ATTACKS.items():
             kinds[attack] = [*stubs[:-1], stubs_src[-1] + "\n\n" + code.format(**fill)]
-        kinds["renamed"] = [r.replace(f, f + "_v2") for r, e in zip(ref, exercises)
-                            for f in e.functions[:1]]
+        kinds["renamed"] = [
+            r.replace(f, f + "_v2")
+            for r, e in zip(ref, exercises)
+            for f in e.functions[:1]
+        ]
     students = {}
     for kind, answers in kinds.items():
         student = f"{chapter[:2]}_{kind}"
@@ -186,20 +232,28 @@ def _submissions(chapter: str, student_nb: Path, folder: Path,
 
 
 def _digest(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
 
 
 def _temp_folders() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).iterdir()
-            if p.name.startswith(("grade-", "recheck-", "worker-"))}
+    return {
+        p.name
+        for p in Path(tempfile.gettempdir()).iterdir()
+        if p.name.startswith(("grade-", "recheck-", "worker-"))
+    }
 
 
 def _stray_processes() -> list[str]:
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            cmd = (
+                Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            )
         except OSError:
             continue
         if MARKER in cmd and "pytest" not in cmd:
@@ -228,44 +282,99 @@ def graded(tmp_path_factory):
     base = tmp_path_factory.mktemp("grading")
     dist, subs, out = base / "assignments", base / "submissions", base / "results"
     subs.mkdir()
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                          text=True, check=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     start = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "assignments.py"), "assign", "--no-run-tests",
-         "--chapters", "1", "02", "--out", str(dist)],
-        capture_output=True, text=True, timeout=600, check=False,
+        [
+            sys.executable,
+            str(ROOT / "tools" / "assignments.py"),
+            "assign",
+            "--no-run-tests",
+            "--chapters",
+            "1",
+            "02",
+            "--out",
+            str(dist),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assign_s = time.perf_counter() - start
     listener = _Listener()
-    fill = None if NO_SANDBOX else {
-        "home": str(Path.home()), "subs": str(subs), "lib": str(LIBRARY),
-        "port": listener.port, "out": str(base), "forger": _FORGER, "marker": MARKER}
+    fill = (
+        None
+        if NO_SANDBOX
+        else {
+            "home": str(Path.home()),
+            "subs": str(subs),
+            "lib": str(LIBRARY),
+            "port": listener.port,
+            "out": str(base),
+            "forger": _FORGER,
+            "marker": MARKER,
+        }
+    )
     kinds = {}
     for chapter in CHAPTERS:
-        kinds.update(_submissions(chapter, dist / chapter / "student" / f"{chapter}.ipynb",
-                                  subs, fill))
+        kinds.update(
+            _submissions(
+                chapter, dist / chapter / "student" / f"{chapter}.ipynb", subs, fill
+            )
+        )
     # what grader.export() hands in: a zip holding the notebook under the student's name
     ref = subs / "02_reference.ipynb"
     with zipfile.ZipFile(subs / "02_zipped.zip", "w") as z:
         z.write(ref, "Copy of 02_scaled_dot_product (1).ipynb")
     kinds["02_zipped"] = "zipped"
     (subs / "notes.txt").write_text("not a submission")
-    before = {"subs": _digest(subs), "library": _digest(LIBRARY),
-              "temp": _temp_folders(), "home": set(os.listdir(Path.home()))}
+    before = {
+        "subs": _digest(subs),
+        "library": _digest(LIBRARY),
+        "temp": _temp_folders(),
+        "home": set(os.listdir(Path.home())),
+    }
     start = time.perf_counter()
     sandbox = ["--sandbox", "none"] if NO_SANDBOX else []
     done = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "assignments.py"), "grade", str(subs),
-         "--assignments", str(dist), "--out", str(out), "--timeout", str(TIMEOUT),
-         "--call-timeout", str(CALL_TIMEOUT), "--memory", "3072", "--jobs", "3", *sandbox],
-        capture_output=True, text=True, timeout=3600, check=False,
+        [
+            sys.executable,
+            str(ROOT / "tools" / "assignments.py"),
+            "grade",
+            str(subs),
+            "--assignments",
+            str(dist),
+            "--out",
+            str(out),
+            "--timeout",
+            str(TIMEOUT),
+            "--call-timeout",
+            str(CALL_TIMEOUT),
+            "--memory",
+            "3072",
+            "--jobs",
+            "3",
+            *sandbox,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     grade_s = time.perf_counter() - start
-    print(f"\nassign {assign_s:.0f} s, grade {len(kinds)} submissions {grade_s:.0f} s\n"
-          + done.stdout)
+    print(
+        f"\nassign {assign_s:.0f} s, grade {len(kinds)} submissions {grade_s:.0f} s\n"
+        + done.stdout
+    )
     time.sleep(3)  # a background process left behind would have written by now
 
     def read(name):
@@ -275,15 +384,31 @@ def graded(tmp_path_factory):
     specs = {c: json.loads((dist / c / "grading.json").read_text()) for c in CHAPTERS}
     everything = json.loads((out / "results.json").read_text())
     results = {r["student"]: r for r in everything["results"]}
-    after = {"subs": _digest(subs), "library": _digest(LIBRARY), "temp": _temp_folders(),
-             "home": set(os.listdir(Path.home()))}
+    after = {
+        "subs": _digest(subs),
+        "library": _digest(LIBRARY),
+        "temp": _temp_folders(),
+        "home": set(os.listdir(Path.home())),
+    }
     listener.sock.close()
-    return {"dist": dist, "out": out, "subs": subs, "head": head, "kinds": kinds,
-            "grades": read("grades.csv"),
-            "otter": read("otter_grades.csv"), "specs": specs, "results": results,
-            "stdout": done.stdout, "before": before, "after": after, "listener": listener,
-            "skipped": everything["skipped"], "stray": _stray_processes(),
-            "grades_text": (out / "grades.csv").read_text()}
+    return {
+        "dist": dist,
+        "out": out,
+        "subs": subs,
+        "head": head,
+        "kinds": kinds,
+        "grades": read("grades.csv"),
+        "otter": read("otter_grades.csv"),
+        "specs": specs,
+        "results": results,
+        "stdout": done.stdout,
+        "before": before,
+        "after": after,
+        "listener": listener,
+        "skipped": everything["skipped"],
+        "stray": _stray_processes(),
+        "grades_text": (out / "grades.csv").read_text(),
+    }
 
 
 def _possible(graded, chapter):
@@ -301,7 +426,8 @@ def test_assign_leaves_student_notebook_and_autograder(graded):
         folder = graded["dist"] / chapter
         nb = json.loads((folder / "student" / f"{chapter}.ipynb").read_text())
         student = "\n".join("".join(c["source"]) for c in nb["cells"]) + json.dumps(
-            nb["metadata"])
+            nb["metadata"]
+        )
         zips = list((folder / "autograder").glob("*.zip"))
         assert len(zips) == 1
         names = zipfile.ZipFile(zips[0]).namelist()
@@ -339,7 +465,9 @@ def test_half_right_gets_partial_marks(graded, chapter):
     assert float(row[questions[1]["name"]]) == 0
     assert 0 < _total(graded, "grades", student) < _possible(graded, chapter)
     feedback = (graded["out"] / "feedback" / f"{student}.md").read_text()
-    assert "without the 1/sqrt(d" in feedback or "sqrt(d" in feedback  # the check's hint
+    assert (
+        "without the 1/sqrt(d" in feedback or "sqrt(d" in feedback
+    )  # the check's hint
     assert "not attempted yet" in feedback  # the untouched stub
 
 
@@ -348,8 +476,10 @@ def test_a_raising_answer_scores_zero_with_feedback(graded, chapter):
     student = f"{chapter[:2]}_raises"
     row, questions = graded["grades"][student], graded["specs"][chapter]["questions"]
     assert float(row[questions[0]["name"]]) == 0
-    assert _total(graded, "grades", student) == _possible(graded, chapter) - questions[0][
-        "points"]
+    assert (
+        _total(graded, "grades", student)
+        == _possible(graded, chapter) - questions[0]["points"]
+    )
     feedback = (graded["out"] / "feedback" / f"{student}.md").read_text()
     assert "ValueError" in feedback and "the learner's own error" in feedback
 
@@ -365,15 +495,21 @@ def test_an_infinite_loop_is_stopped_and_scores_zero(graded, chapter):
     feedback = (graded["out"] / "feedback" / f"{student}.md").read_text()
     assert "time limit" in feedback
     # the submissions graded after it were graded normally
-    assert _total(graded, "grades", f"{chapter[:2]}_reference") == _possible(graded, chapter)
+    assert _total(graded, "grades", f"{chapter[:2]}_reference") == _possible(
+        graded, chapter
+    )
 
 
-@pytest.mark.parametrize("chapter,attack", [(c, a) for c in CHAPTERS for a in MALICIOUS[c]])
+@pytest.mark.parametrize(
+    "chapter,attack", [(c, a) for c in CHAPTERS for a in MALICIOUS[c]]
+)
 def test_malicious_submission_does_not_raise_its_score(graded, chapter, attack):
     student = f"{chapter[:2]}_{attack}"
-    # measured: in the sandbox too, otter's own run, plain `otter run` gives this submission full marks ...
+    # measured: in the sandbox too, otter's own run, plain `otter run` gives this
+    # submission full marks ...
     assert _total(graded, "otter", student) == _possible(graded, chapter), (
-        f"otter alone no longer falls for {attack}: update book/instructor_guide.md")
+        f"otter alone no longer falls for {attack}: update book/instructor_guide.md"
+    )
     # ... but the grade recorded is that of its (unanswered) stubs, and it is flagged
     assert _total(graded, "grades", student) == 0
     assert graded["grades"][student]["flags"]
@@ -397,14 +533,28 @@ def test_grades_csv_has_one_row_per_student_and_a_column_per_question(graded):
 
 
 def test_unknown_chapters_and_labels_are_errors_that_list_the_valid_ones(tmp_path):
-    script = [sys.executable, str(ROOT / "tools" / "assignments.py"), "assign",
-              "--no-run-tests", "--out", str(tmp_path)]
-    for extra, valid in ((["--chapters", "99"], "02_scaled_dot_product"),
-                         (["--chapters", "02", "--only", "ex-sdpa-masked-atention"],
-                          "ex-sdpa-masked-attention"),
-                         (["--chapters", "02", "--points", "ex-sdpa-masked-atention=3"],
-                          "ex-sdpa-masked-attention")):
-        done = subprocess.run(script + extra, capture_output=True, text=True, check=False)
+    script = [
+        sys.executable,
+        str(ROOT / "tools" / "assignments.py"),
+        "assign",
+        "--no-run-tests",
+        "--out",
+        str(tmp_path),
+    ]
+    for extra, valid in (
+        (["--chapters", "99"], "02_scaled_dot_product"),
+        (
+            ["--chapters", "02", "--only", "ex-sdpa-masked-atention"],
+            "ex-sdpa-masked-attention",
+        ),
+        (
+            ["--chapters", "02", "--points", "ex-sdpa-masked-atention=3"],
+            "ex-sdpa-masked-attention",
+        ),
+    ):
+        done = subprocess.run(
+            script + extra, capture_output=True, text=True, check=False
+        )
         assert done.returncode != 0, extra
         assert valid in done.stderr and "valid" in done.stderr, done.stderr
     assert not any(tmp_path.iterdir())  # nothing built
@@ -414,8 +564,11 @@ def test_unknown_chapters_and_labels_are_errors_that_list_the_valid_ones(tmp_pat
 
 def test_instructor_copies_are_named_apart_from_the_handout(graded):
     for chapter in CHAPTERS:
-        handouts = [p for p in (graded["dist"] / chapter).rglob("*.ipynb")
-                    if p.name == f"{chapter}.ipynb"]
+        handouts = [
+            p
+            for p in (graded["dist"] / chapter).rglob("*.ipynb")
+            if p.name == f"{chapter}.ipynb"
+        ]
         assert [p.parent.name for p in handouts] == ["student"]
         for p in (graded["dist"] / chapter).rglob("*.ipynb"):
             if p.parent.name != "student":
@@ -445,7 +598,9 @@ def test_public_tests_assert_the_self_check_like_the_hidden_ones(graded):
 
 
 def test_a_zip_from_grader_export_is_graded_and_other_files_get_a_row(graded):
-    assert _total(graded, "grades", "02_zipped") == _possible(graded, "02_scaled_dot_product")
+    assert _total(graded, "grades", "02_zipped") == _possible(
+        graded, "02_scaled_dot_product"
+    )
     row = graded["grades"]["notes"]
     assert row["status"].startswith("skipped notes.txt:") and row["assignment"] == ""
     assert [s["student"] for s in graded["skipped"]] == ["notes"]
@@ -454,11 +609,16 @@ def test_a_zip_from_grader_export_is_graded_and_other_files_get_a_row(graded):
 def test_renamed_functions_are_flagged_with_the_closest_name(graded):
     row = graded["grades"]["02_renamed"]
     assert float(row["total"]) == 0
-    exercises = [e for e in assignments.parse_chapter(ROOT / "book" / "02_scaled_dot_product.md")
-                 if e.coding]
+    exercises = [
+        e
+        for e in assignments.parse_chapter(ROOT / "book" / "02_scaled_dot_product.md")
+        if e.coding
+    ]
     for e in exercises:
         f = e.functions[0]
-        assert f"{f} is not defined (closest name found: {f}_v2)" in row["flags"], row["flags"]
+        assert f"{f} is not defined (closest name found: {f}_v2)" in row["flags"], row[
+            "flags"
+        ]
 
 
 def test_no_temporary_folders_are_left_behind(graded):
@@ -469,7 +629,8 @@ def test_no_temporary_folders_are_left_behind(graded):
 
 
 needs_sandbox = pytest.mark.skipif(
-    NO_SANDBOX is not None, reason=f"no sandbox backend can run here: {NO_SANDBOX}")
+    NO_SANDBOX is not None, reason=f"no sandbox backend can run here: {NO_SANDBOX}"
+)
 
 
 @needs_sandbox
@@ -479,8 +640,9 @@ def test_sandbox_attack_changes_nothing_and_is_flagged(graded, attack):
     # no more than its honest score (its answers are the stubs: 0), flagged with the reason
     assert _total(graded, "grades", student) == 0
     assert _total(graded, "otter", student) == 0
-    assert SANDBOX_ATTACKS[attack][1] in graded["grades"][student]["flags"], (
-        graded["grades"][student]["flags"])
+    assert SANDBOX_ATTACKS[attack][1] in graded["grades"][student]["flags"], graded[
+        "grades"
+    ][student]["flags"]
     assert graded["grades"][student]["sandbox"] == "bwrap"
     # nothing outside its own folder changed; the honest submissions keep full marks
     assert graded["after"]["subs"] == graded["before"]["subs"]
@@ -503,34 +665,65 @@ def test_student_notebook_checks_work_in_colab_under_any_file_name(tmp_path):
 
     chapter = "02_scaled_dot_product"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "assignments.py"), "assign", "--no-run-tests",
-         "--chapters", "02", "--out", str(tmp_path / "dist")],
-        capture_output=True, text=True, timeout=600, check=False)
+        [
+            sys.executable,
+            str(ROOT / "tools" / "assignments.py"),
+            "assign",
+            "--no-run-tests",
+            "--chapters",
+            "02",
+            "--out",
+            str(tmp_path / "dist"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     student = tmp_path / "dist" / chapter / "student"
-    assert [p.name for p in student.iterdir()] == [f"{chapter}.ipynb"]  # the handout alone
+    assert [p.name for p in student.iterdir()] == [
+        f"{chapter}.ipynb"
+    ]  # the handout alone
     nb = nbformat.read(student / f"{chapter}.ipynb", as_version=4)
-    exercises = [e for e in assignments.parse_chapter(ROOT / "book" / f"{chapter}.md")
-                 if e.coding]
-    answers = [f"{e.solution_code}\n\n{e.check}({', '.join(e.functions)});"
-               for e in exercises]
+    exercises = [
+        e
+        for e in assignments.parse_chapter(ROOT / "book" / f"{chapter}.md")
+        if e.coding
+    ]
+    answers = [
+        f"{e.solution_code}\n\n{e.check}({', '.join(e.functions)});" for e in exercises
+    ]
     answers[1] = WRONG[chapter]
     cells = [c for c in nb.cells if "otter_answer_cell" in c.metadata.get("tags", [])]
     for cell, answer in zip(cells, answers):
         cell.source = answer
-    nb.cells.insert(0, nbformat.v4.new_code_cell(
-        "from otter.check.utils import IPythonInterpreter\n"
-        "IPythonInterpreter.COLAB.value.check_strs.append('ZMQInteractiveShell')"))
+    nb.cells.insert(
+        0,
+        nbformat.v4.new_code_cell(
+            "from otter.check.utils import IPythonInterpreter\n"
+            "IPythonInterpreter.COLAB.value.check_strs.append('ZMQInteractiveShell')"
+        ),
+    )
     folder = tmp_path / "colab"
     folder.mkdir()
     nbformat.write(nb, folder / f"Copy of {chapter} (1).ipynb")
-    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
-                            resources={"metadata": {"path": str(folder)}}).execute()
+    nbclient.NotebookClient(
+        nb,
+        timeout=600,
+        kernel_name="python3",
+        allow_errors=True,
+        resources={"metadata": {"path": str(folder)}},
+    ).execute()
 
     def shown(cell):
-        return "\n".join(str(o.get("text", "")) + str(o.get("data", {}))
-                         + str(o.get("ename", "")) + str(o.get("evalue", ""))
-                         for o in cell.outputs)
+        return "\n".join(
+            str(o.get("text", ""))
+            + str(o.get("data", {}))
+            + str(o.get("ename", ""))
+            + str(o.get("evalue", ""))
+            for o in cell.outputs
+        )
 
     init = next(c for c in nb.cells if "otter.Notebook(" in c.source)
     assert not any(o.output_type == "error" for o in init.outputs), shown(init)
@@ -539,7 +732,9 @@ def test_student_notebook_checks_work_in_colab_under_any_file_name(tmp_path):
     for cell, ex in zip(checks, exercises):
         text = shown(cell)
         assert not any(o.output_type == "error" for o in cell.outputs), text
-        if ex is exercises[1]:  # the wrong answer: the public test fails like the self-check
+        if (
+            ex is exercises[1]
+        ):  # the wrong answer: the public test fails like the self-check
             assert "All test cases passed" not in text and "failed" in text, text
         else:
             assert "All test cases passed" in text, text
@@ -554,14 +749,18 @@ def test_gradescope_zip_builds_its_environment_and_grades(graded, tmp_path):
     chapter = "02_scaled_dot_product"
     (zip_path,) = (graded["dist"] / chapter / "autograder").glob("*.zip")
     env = yaml.safe_load(zipfile.ZipFile(zip_path).read("environment.yml"))
-    assert f"python={sys.version_info.major}.{sys.version_info.minor}" in env["dependencies"]
+    assert (
+        f"python={sys.version_info.major}.{sys.version_info.minor}"
+        in env["dependencies"]
+    )
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     (library,) = [r for r in pip if r.startswith("transformer_course @ git+")]
     commit = library.rsplit("@", 1)[1]
     snapshot = tmp_path / "library"
     snapshot.mkdir()
-    archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True,
-                             check=True).stdout
+    archive = subprocess.run(
+        ["git", "archive", commit], cwd=ROOT, capture_output=True, check=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(snapshot)], input=archive, check=True)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -572,21 +771,53 @@ def test_gradescope_zip_builds_its_environment_and_grades(graded, tmp_path):
         # the course's pins as constraints: the versions it is tested with, from the
         # warm pip cache (unconstrained, pip fetches the newest torch with CUDA: ~6 GB)
         done = subprocess.run(
-            [str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
-             "-c", str(ROOT / "requirements.txt"), *[r for r in pip if r != library],
-             str(snapshot)],
-            capture_output=True, text=True, env=clean, timeout=3000, check=False)
+            [
+                str(venv / "bin" / "python"),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "-c",
+                str(ROOT / "requirements.txt"),
+                *[r for r in pip if r != library],
+                str(snapshot),
+            ],
+            capture_output=True,
+            text=True,
+            env=clean,
+            timeout=3000,
+            check=False,
+        )
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         done = subprocess.run(
-            [str(venv / "bin" / "python"), "-m", "otter", "run", "--no-logo", "-a",
-             str(zip_path), "-o", str(out), str(graded["subs"] / "02_reference.ipynb")],
-            capture_output=True, text=True, env=clean, cwd=tmp_path, timeout=900, check=False)
+            [
+                str(venv / "bin" / "python"),
+                "-m",
+                "otter",
+                "run",
+                "--no-logo",
+                "-a",
+                str(zip_path),
+                "-o",
+                str(out),
+                str(graded["subs"] / "02_reference.ipynb"),
+            ],
+            capture_output=True,
+            text=True,
+            env=clean,
+            cwd=tmp_path,
+            timeout=900,
+            check=False,
+        )
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     finally:
         shutil.rmtree(venv, ignore_errors=True)  # gigabytes; pytest keeps tmp_path
     results = json.loads((out / "results.json").read_text())
-    total = sum(float(t.get("score") or 0) for t in results["tests"]
-                if t.get("name") != "Public Tests")
+    total = sum(
+        float(t.get("score") or 0)
+        for t in results["tests"]
+        if t.get("name") != "Public Tests"
+    )
     assert total == _possible(graded, chapter)
 
 
@@ -595,10 +826,27 @@ def test_auto_sandbox_refuses_without_a_backend(tmp_path):
     a sandbox or how to grade without one; nothing is written."""
     env = {**os.environ, "PATH": str(tmp_path)}  # no bwrap (and nothing else) on PATH
     done = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "assignments.py"), "grade", str(tmp_path),
-         "--assignments", str(tmp_path), "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, env=env, timeout=300, check=False)
+        [
+            sys.executable,
+            str(ROOT / "tools" / "assignments.py"),
+            "grade",
+            str(tmp_path),
+            "--assignments",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "refusing to grade" in done.stderr and "bwrap is not installed" in done.stderr
-    assert "apt-get install bubblewrap" in done.stderr and "--sandbox none" in done.stderr
+    assert (
+        "refusing to grade" in done.stderr and "bwrap is not installed" in done.stderr
+    )
+    assert (
+        "apt-get install bubblewrap" in done.stderr and "--sandbox none" in done.stderr
+    )
     assert not (tmp_path / "out").exists()

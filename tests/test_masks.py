@@ -1,6 +1,7 @@
 """Masks (chapter 5): hypothesis property tests for shapes, broadcasting and polarity of
 masks.py, the mask pitfalls P1-P7 on every attention backend, and the chapter's
-property checks in transformer_course.exercises (each passes the library and rejects a broken function)."""
+property checks in transformer_course.exercises (each passes the library and rejects a
+broken function)."""
 
 from __future__ import annotations
 
@@ -102,8 +103,9 @@ def test_p3_from_key_padding_mask_matches_multihead_attention():
         return t.view(2, 4, h, d // h).transpose(1, 2)  # (B, H, T, d_k)
 
     def run(mask):
-        out, _ = scaled_dot_product_attention(heads(x @ w_q.T), heads(x @ w_k.T),
-                                              heads(x @ w_v.T), mask)
+        out, _ = scaled_dot_product_attention(
+            heads(x @ w_q.T), heads(x @ w_k.T), heads(x @ w_v.T), mask
+        )
         return out.transpose(1, 2).reshape(2, 4, d) @ mha.out_proj.weight.T
 
     torch.testing.assert_close(run(from_key_padding_mask(kpm)), ref)
@@ -121,7 +123,9 @@ def _run(backend, q, k, v, mask):
 @param("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_p1_fully_masked_item_is_zero_and_grads_finite(backend, dtype):
     torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 1, 3, 4, dtype=dtype, requires_grad=True) for _ in range(3))
+    q, k, v = (
+        torch.randn(2, 1, 3, 4, dtype=dtype, requires_grad=True) for _ in range(3)
+    )
     mask = torch.ones(2, 1, 1, 3, dtype=torch.bool)
     mask[1] = False
     out = _run(backend, q, k, v, mask)
@@ -171,8 +175,9 @@ def test_p5_padding_hides_keys_not_queries(backend):
     wrong = padding_mask(ids, pad_id=0).transpose(-1, -2)  # (B, 1, T, 1): the bug
     w_wrong = _run(backend, q, k, v, wrong)  # an encoder, no causal mask
     assert w_wrong[0, 0, 0, 2] > 0  # real query 0 attends to padded key 2
-    assert torch.equal(_run(backend, q, k, v, padding_mask(ids))[..., 2:],
-                       torch.zeros(1, 1, 4, 2))
+    assert torch.equal(
+        _run(backend, q, k, v, padding_mask(ids))[..., 2:], torch.zeros(1, 1, 4, 2)
+    )
 
 
 @param("backend", BACKENDS)
@@ -183,7 +188,9 @@ def test_p6_zero_valid_length_gives_zero_weights(backend):
     out = _run(backend, scores_q, torch.randn(1, 1, 4, 4), v, mask)
     assert torch.equal(out, torch.zeros(1, 1, 1, 4))  # not 0.25 each
     uniform = torch.softmax(torch.full((4,), torch.finfo(torch.float32).min), -1)
-    assert torch.allclose(uniform, torch.full((4,), 0.25))  # the large-negative-fill bug
+    assert torch.allclose(
+        uniform, torch.full((4,), 0.25)
+    )  # the large-negative-fill bug
 
 
 @param("backend", BACKENDS)
@@ -203,12 +210,21 @@ def test_p7_combined_masks_never_overflow(backend, dtype):
 
 
 @settings(max_examples=25, deadline=None)
-@given(b=st.integers(1, 3), h=st.integers(1, 3), t=lengths, s=lengths,
-       seed=st.integers(0, 999), shape=st.sampled_from(["ts", "b11s", "bhts"]))
+@given(
+    b=st.integers(1, 3),
+    h=st.integers(1, 3),
+    t=lengths,
+    s=lengths,
+    seed=st.integers(0, 999),
+    shape=st.sampled_from(["ts", "b11s", "bhts"]),
+)
 def test_random_masks_every_backend_agrees(b, h, t, s, seed, shape):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(b, h, t, 8, generator=gen)
-    k, v = torch.randn(b, h, s, 8, generator=gen), torch.randn(b, h, s, 5, generator=gen)
+    k, v = (
+        torch.randn(b, h, s, 8, generator=gen),
+        torch.randn(b, h, s, 5, generator=gen),
+    )
     size = {"ts": (t, s), "b11s": (b, 1, 1, s), "bhts": (b, h, t, s)}[shape]
     mask = torch.rand(size, generator=gen) < 0.6
     ref, w = scaled_dot_product_attention(q, k, v, mask)
@@ -240,21 +256,30 @@ def _stub(q, k, v, mask):
 
 @param("backend", BACKENDS)
 def test_property_checks_pass_every_backend(backend, capsys):
-    assert exercises.check_attention_properties(ATTENTION_BACKENDS[backend], name=backend)
+    assert exercises.check_attention_properties(
+        ATTENTION_BACKENDS[backend], name=backend
+    )
     assert "all four mask properties hold" in capsys.readouterr().out
 
 
-@param("check, broken, message", [
-    (exercises.check_causal_leakage, _mask_after_softmax, "future leaked into position 0"),
-    (exercises.check_causal_leakage, _inverted, "future leaked"),
-    (exercises.check_causal_leakage, _ignores_mask, "future leaked"),
-    (exercises.check_padding_invariance, _ignores_mask, "padding leaked"),
-    (exercises.check_padding_invariance, _mask_after_softmax, "padding leaked"),
-    (exercises.check_mask_polarity, _inverted, "polarity is inverted"),
-    (exercises.check_mask_polarity, _ignores_mask, "mask had no effect"),
-    (exercises.check_fully_masked_rows, _minus_inf_nan, "gives NaN"),
-    (exercises.check_fully_masked_rows, _large_negative, "uniform"),
-])
+@param(
+    "check, broken, message",
+    [
+        (
+            exercises.check_causal_leakage,
+            _mask_after_softmax,
+            "future leaked into position 0",
+        ),
+        (exercises.check_causal_leakage, _inverted, "future leaked"),
+        (exercises.check_causal_leakage, _ignores_mask, "future leaked"),
+        (exercises.check_padding_invariance, _ignores_mask, "padding leaked"),
+        (exercises.check_padding_invariance, _mask_after_softmax, "padding leaked"),
+        (exercises.check_mask_polarity, _inverted, "polarity is inverted"),
+        (exercises.check_mask_polarity, _ignores_mask, "mask had no effect"),
+        (exercises.check_fully_masked_rows, _minus_inf_nan, "gives NaN"),
+        (exercises.check_fully_masked_rows, _large_negative, "uniform"),
+    ],
+)
 def test_property_checks_catch_broken_functions(check, broken, message):
     assert check(_library)
     with pytest.raises(exercises.CheckError, match=message):
@@ -269,23 +294,32 @@ def test_property_checks_not_attempted(capsys):
 _top_left = pitfalls.causal_mask_top_left
 
 
-@param("fn, message", [
-    (lambda t, s: ~causal_mask(t, s), "inverted"),
-    (lambda t, s: torch.ones(t, s, dtype=torch.bool).tril(s - t - 1), "hides the diagonal"),
-    (lambda t, s: causal_mask(t, s).float(), "dtype"),
-    (_top_left, "aligned top-left"),
-])
+@param(
+    "fn, message",
+    [
+        (lambda t, s: ~causal_mask(t, s), "inverted"),
+        (
+            lambda t, s: torch.ones(t, s, dtype=torch.bool).tril(s - t - 1),
+            "hides the diagonal",
+        ),
+        (lambda t, s: causal_mask(t, s).float(), "dtype"),
+        (_top_left, "aligned top-left"),
+    ],
+)
 def test_check_causal_mask(fn, message):
     assert exercises.check_causal_mask(lambda t, s: causal_mask(t, s))
     with pytest.raises(exercises.CheckError, match=message):
         exercises.check_causal_mask.strict(fn)
 
 
-@param("fn, message", [
-    (lambda ids, pad: (ids != pad)[:, None, :, None], "hides padded queries"),
-    (lambda ids, pad: (ids == pad)[:, None, None, :], "inverted"),
-    (lambda ids, pad: (ids != pad)[:, None, :], "dimensions"),
-])
+@param(
+    "fn, message",
+    [
+        (lambda ids, pad: (ids != pad)[:, None, :, None], "hides padded queries"),
+        (lambda ids, pad: (ids == pad)[:, None, None, :], "inverted"),
+        (lambda ids, pad: (ids != pad)[:, None, :], "dimensions"),
+    ],
+)
 def test_check_padding_mask(fn, message):
     assert exercises.check_padding_mask(lambda ids, pad: padding_mask(ids, pad))
     with pytest.raises(exercises.CheckError, match=message):

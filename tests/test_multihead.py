@@ -53,7 +53,11 @@ def test_parity_padding_and_causal_masks(backend):
     kpm = torch.tensor([[False, False, False, True], [False, False, True, True]])
     causal_blocked = torch.triu(torch.ones(4, 4, dtype=torch.bool), diagonal=1)
     out_ref, w_ref = ref(
-        x, x, x, key_padding_mask=kpm, attn_mask=causal_blocked,
+        x,
+        x,
+        x,
+        key_padding_mask=kpm,
+        attn_mask=causal_blocked,
         average_attn_weights=False,
     )
     mask = from_key_padding_mask(kpm) & causal_mask(4)  # (B, 1, T, S)
@@ -85,8 +89,9 @@ def test_gradients_match_torch():
     ref(x_ref, x_ref, x_ref)[0].square().sum().backward()
     assert close(x.grad, x_ref.grad, atol=1e-4)
     assert close(ours.out_proj.weight.grad, ref.out_proj.weight.grad, atol=1e-4)
-    w_in = torch.cat([ours.q_proj.weight.grad, ours.k_proj.weight.grad,
-                      ours.v_proj.weight.grad])
+    w_in = torch.cat(
+        [ours.q_proj.weight.grad, ours.k_proj.weight.grad, ours.v_proj.weight.grad]
+    )
     assert close(w_in, ref.in_proj_weight.grad, atol=1e-4)
 
 
@@ -241,7 +246,9 @@ def test_bad_constructor_arguments(kwargs, error, words):
 def test_bad_forward_inputs_name_the_argument():
     mha = MultiHeadAttention(D, H)
     x = torch.randn(2, 5, D)
-    with pytest.raises(ValueError, match=r"query: expected shape \(B, length, d_model\)"):
+    with pytest.raises(
+        ValueError, match=r"query: expected shape \(B, length, d_model\)"
+    ):
         mha(torch.randn(2, 5, D + 1), x, x)
     with pytest.raises(ValueError, match="key"):
         mha(x, torch.randn(2, 5), x)
@@ -285,8 +292,9 @@ merge_p9 = pitfalls.merge_heads_no_transpose
 def mha_ok(query, key, value, w_q, w_k, w_v, w_o, n_heads, mask=None):
     from transformer_course.attention import scaled_dot_product_attention
 
-    q, k, v = (split_ok(x @ w.T, n_heads) for x, w in
-               ((query, w_q), (key, w_k), (value, w_v)))
+    q, k, v = (
+        split_ok(x @ w.T, n_heads) for x, w in ((query, w_q), (key, w_k), (value, w_v))
+    )
     out, weights = scaled_dot_product_attention(q, k, v, mask)
     return merge_ok(out) @ w_o.T, weights
 
@@ -309,18 +317,23 @@ def test_ch3_checks_accept_right_answers_and_skip_stubs(capsys):
 
     assert check_split_heads(split_ok) and check_merge_heads(merge_ok)
     assert check_multi_head_attention(mha_ok)
-    assert not any(c(stub) for c in (check_split_heads, check_merge_heads,
-                                     check_multi_head_attention))
+    assert not any(
+        c(stub)
+        for c in (check_split_heads, check_merge_heads, check_multi_head_attention)
+    )
     out = capsys.readouterr().out
     assert out.count("passed") == 3 and out.count("not attempted yet") == 3
 
 
-@param("check_name, fn, words", [
-    ("check_split_heads", split_p8, "P8"),
-    ("check_merge_heads", merge_p9, "P9"),
-    ("check_multi_head_attention", mha_averaged, "P13"),
-    ("check_multi_head_attention", mha_p9, "P9"),
-])
+@param(
+    "check_name, fn, words",
+    [
+        ("check_split_heads", split_p8, "P8"),
+        ("check_merge_heads", merge_p9, "P9"),
+        ("check_multi_head_attention", mha_averaged, "P13"),
+        ("check_multi_head_attention", mha_p9, "P9"),
+    ],
+)
 def test_ch3_checks_reject_the_pitfalls(check_name, fn, words):
     from transformer_course import exercises
 
@@ -413,7 +426,9 @@ def test_rotary_attention_under_a_cache_equals_the_full_pass(list_cache):
     cache = list_cache()
     mha(x[:, :3], x[:, :3], x[:, :3], causal_mask(3), cache=cache)
     xt = x[:, 3:4]
-    bug, _ = mha(xt, xt, xt, causal_mask(1, 4), cache=cache, positions=torch.tensor([0]))
+    bug, _ = mha(
+        xt, xt, xt, causal_mask(1, 4), cache=cache, positions=torch.tensor([0])
+    )
     assert not close(bug, full[:, 3:4])
     plain = MultiHeadAttention(D, H).eval()
     plain.load_state_dict(mha.state_dict())

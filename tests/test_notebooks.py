@@ -13,7 +13,9 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("sync_notebooks", ROOT / "tools" / "sync_notebooks.py")
+spec = importlib.util.spec_from_file_location(
+    "sync_notebooks", ROOT / "tools" / "sync_notebooks.py"
+)
 sync = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(sync)
 
@@ -24,7 +26,9 @@ def test_every_chapter_in_the_toc_has_a_notebook_and_vice_versa():
     toc = (ROOT / "_toc.yml").read_text()
     listed = set(re.findall(r"file: book/(\d\d_\w+)", toc))
     assert listed, "no numbered chapter in _toc.yml"
-    assert listed == {p.stem for p in CHAPTERS}, "a chapter file is missing from _toc.yml"
+    assert listed == {p.stem for p in CHAPTERS}, (
+        "a chapter file is missing from _toc.yml"
+    )
     assert listed == {p.stem for p in (ROOT / "notebooks").glob("*.ipynb")}
 
 
@@ -50,12 +54,16 @@ def test_notebook_is_colab_ready(chapter):
     config = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
     first = nb.cells[0]
     assert first.cell_type == "code"
-    assert "find_spec(\"transformer_course\") is None" in first.source  # skipped if installed
+    assert (
+        'find_spec("transformer_course") is None' in first.source
+    )  # skipped if installed
     assert f"git+{config['url']}@{config['branch']}" in first.source
     compile(first.source, "install-cell", "exec")
     for cell in nb.cells:
         if cell.cell_type == "markdown":
-            assert not re.search(r"^(```|:::)\{", cell.source, re.MULTILINE), cell.source[:200]
+            assert not re.search(r"^(```|:::)\{", cell.source, re.MULTILINE), (
+                cell.source[:200]
+            )
             assert "{cite}" not in cell.source and "{solution}" not in cell.source
         assert not cell.get("outputs"), "notebooks are committed without outputs"
 
@@ -68,7 +76,10 @@ def test_solutions_are_collapsed_in_the_notebook():
 
 
 def test_plain_markdown_conversion():
-    md = "```{note}\nBe careful.\n```\nSee {cite}`vaswani2017attention` and {ref}`the mask <sec-mask>`."
+    md = (
+        "```{note}\nBe careful.\n```\n"
+        "See {cite}`vaswani2017attention` and {ref}`the mask <sec-mask>`."
+    )
     out = sync.to_plain_markdown(md)
     assert "> **Note**" in out and "> Be careful." in out
     assert "[vaswani2017attention]" in out and "the mask" in out and "{" not in out
@@ -86,9 +97,23 @@ def _undefined_names(paths: list[Path]) -> str:
     if ruff is None:
         pytest.skip("ruff is not installed")
     run = subprocess.run(
-        [ruff, "check", "--no-cache", "--select", "F821,F811", "--output-format",
-         "concise", "--config", "extend-exclude=[]", *map(str, paths)],
-        capture_output=True, text=True, check=False, cwd=ROOT)
+        [
+            ruff,
+            "check",
+            "--no-cache",
+            "--select",
+            "F821,F811",
+            "--output-format",
+            "concise",
+            "--config",
+            "extend-exclude=[]",
+            *map(str, paths),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
     return run.stdout if run.returncode else ""
 
 
@@ -99,8 +124,10 @@ def test_no_chapter_uses_a_name_it_never_defines():
 
 def test_the_undefined_name_check_finds_a_missing_import(tmp_path):
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("import math"),
-                nbformat.v4.new_code_cell("start = time.perf_counter()")]
+    nb.cells = [
+        nbformat.v4.new_code_cell("import math"),
+        nbformat.v4.new_code_cell("start = time.perf_counter()"),
+    ]
     path = tmp_path / "broken.ipynb"
     nbformat.write(nb, path)
     assert "time" in _undefined_names([path])
@@ -118,18 +145,29 @@ def _unresolved_imports(paths: list[Path]) -> list[str]:
         for cell in nbformat.read(path, as_version=4).cells:
             if cell.cell_type != "code":
                 continue
-            code = "\n".join(line for line in cell.source.splitlines()
-                             if not line.lstrip().startswith(("%", "!")))
+            code = "\n".join(
+                line
+                for line in cell.source.splitlines()
+                if not line.lstrip().startswith(("%", "!"))
+            )
             for node in ast.walk(ast.parse(code)):
-                if not (isinstance(node, ast.ImportFrom) and node.module
-                        and node.module.startswith("transformer_course")):
+                if not (
+                    isinstance(node, ast.ImportFrom)
+                    and node.module
+                    and node.module.startswith("transformer_course")
+                ):
                     continue
                 module = importlib.import_module(node.module)
                 is_package = hasattr(module, "__path__")
-                bad += [f"{path.name}: from {node.module} import {a.name}"
-                        for a in node.names if not hasattr(module, a.name) and not (
-                            is_package
-                            and importlib.util.find_spec(f"{node.module}.{a.name}"))]
+                bad += [
+                    f"{path.name}: from {node.module} import {a.name}"
+                    for a in node.names
+                    if not hasattr(module, a.name)
+                    and not (
+                        is_package
+                        and importlib.util.find_spec(f"{node.module}.{a.name}")
+                    )
+                ]
     return bad
 
 
@@ -140,9 +178,13 @@ def test_every_library_import_of_the_chapters_resolves():
 
 def test_the_import_check_finds_a_moved_name(tmp_path):
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(
-        "from transformer_course.pretrained import FIRST_WORD_ID_THAT_MOVED")]
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            "from transformer_course.pretrained import FIRST_WORD_ID_THAT_MOVED"
+        )
+    ]
     path = tmp_path / "moved.ipynb"
     nbformat.write(nb, path)
     assert _unresolved_imports([path]) == [
-        "moved.ipynb: from transformer_course.pretrained import FIRST_WORD_ID_THAT_MOVED"]
+        "moved.ipynb: from transformer_course.pretrained import FIRST_WORD_ID_THAT_MOVED"
+    ]

@@ -72,9 +72,9 @@ def test_shift_matrix_maps_pos_to_pos_plus_k(k):
     pe = sinusoidal_encoding(80, 16, dtype=torch.float64)
     m = relative_shift_matrix(k, 16, dtype=torch.float64)
     lo, hi = max(0, -k), 80 - max(0, k)
-    torch.testing.assert_close(pe[lo:hi] @ m, pe[lo + k:hi + k], atol=1e-10, rtol=0)
+    torch.testing.assert_close(pe[lo:hi] @ m, pe[lo + k : hi + k], atol=1e-10, rtol=0)
     wrong = relative_shift_matrix(k + 1, 16, dtype=torch.float64)
-    assert (pe[lo:hi - 1] @ wrong - pe[lo + k:hi + k - 1]).abs().max() > 1e-3
+    assert (pe[lo : hi - 1] @ wrong - pe[lo + k : hi + k - 1]).abs().max() > 1e-3
 
 
 def test_shift_matrix_rejects_odd_d_model():
@@ -85,8 +85,11 @@ def test_shift_matrix_rejects_odd_d_model():
 @param("module", ["sinusoidal", "learned"])
 def test_absolute_modules_add_table_at_given_positions(module):
     d, max_len = 6, 12
-    layer = (SinusoidalPositionalEncoding(d, max_len) if module == "sinusoidal"
-             else LearnedPositionalEmbedding(max_len, d))
+    layer = (
+        SinusoidalPositionalEncoding(d, max_len)
+        if module == "sinusoidal"
+        else LearnedPositionalEmbedding(max_len, d)
+    )
     table = layer.pe if module == "sinusoidal" else layer.embedding.weight
     x = torch.randn(2, 4, d)
     torch.testing.assert_close(layer(x), x + table[:4])
@@ -118,7 +121,9 @@ def test_rotary_half_matches_llama():
     q_ref, k_ref = llama.apply_rotary_pos_emb(q, k, emb.cos(), emb.sin())
     torch.testing.assert_close(apply_rotary(q, pos, layout="half"), q_ref)
     torch.testing.assert_close(apply_rotary(k, pos, layout="half"), k_ref)
-    assert not torch.allclose(apply_rotary(q, pos, layout="interleaved"), q_ref, atol=1e-3)
+    assert not torch.allclose(
+        apply_rotary(q, pos, layout="interleaved"), q_ref, atol=1e-3
+    )
 
 
 def test_rotary_interleaved_matches_gptj():
@@ -142,12 +147,19 @@ def test_layouts_differ_by_a_fixed_permutation():
 
 
 @settings(max_examples=25, deadline=None)
-@given(m=st.integers(0, 500), n=st.integers(0, 500), shift=st.integers(0, 500),
-       layout=st.sampled_from(["half", "interleaved"]), seed=st.integers(0, 99))
+@given(
+    m=st.integers(0, 500),
+    n=st.integers(0, 500),
+    shift=st.integers(0, 500),
+    layout=st.sampled_from(["half", "interleaved"]),
+    seed=st.integers(0, 99),
+)
 def test_rotary_dot_depends_only_on_offset(m, n, shift, layout, seed):
     gen = torch.Generator().manual_seed(seed)
-    q, k = torch.randn(1, 32, generator=gen, dtype=torch.float64), torch.randn(
-        1, 32, generator=gen, dtype=torch.float64)
+    q, k = (
+        torch.randn(1, 32, generator=gen, dtype=torch.float64),
+        torch.randn(1, 32, generator=gen, dtype=torch.float64),
+    )
 
     def score(i, j):
         qi = apply_rotary(q, torch.tensor([i]), layout=layout)
@@ -163,7 +175,7 @@ def test_rotary_relative_property_can_fail():
     q, k = torch.randn(1, 16), torch.randn(1, 16)
 
     def score(i, j):
-        return (apply_rotary(q, torch.tensor([i])) @ apply_rotary(k, torch.tensor([j])).T)
+        return apply_rotary(q, torch.tensor([i])) @ apply_rotary(k, torch.tensor([j])).T
 
     assert not torch.allclose(score(3, 1), score(3, 2))  # a different offset differs
 
@@ -193,8 +205,9 @@ def test_rotary_half_precision_keeps_dtype():
     x = torch.randn(2, 6, 8)
     out = apply_rotary(x.to(torch.bfloat16), torch.arange(6))
     assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.float(), apply_rotary(x, torch.arange(6)), atol=0.05,
-                               rtol=0.02)
+    torch.testing.assert_close(
+        out.float(), apply_rotary(x, torch.arange(6)), atol=0.05, rtol=0.02
+    )
 
 
 # ------------------------------------------------------------------- positions / P16
@@ -205,7 +218,9 @@ def test_position_ids_offset_and_left_padding():
     keep = torch.tensor([[False, False, True, True, True], [True] * 5])
     assert position_ids(2, offset=3, keep=keep).tolist() == [[1, 2], [3, 4]]
     assert position_ids(5, keep=keep[:, None, None, :]).tolist() == [
-        [0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+        [0, 0, 0, 1, 2],
+        [0, 1, 2, 3, 4],
+    ]
     with pytest.raises(ValueError, match="offset \\+ q_len"):
         position_ids(2, offset=1, keep=keep)
 
@@ -221,11 +236,13 @@ def test_p16_cached_decoding_matches_full_recompute(wrong):
     d, prompt, steps = 8, 4, 3
     w = torch.randn(3, d, d) / math.sqrt(d)
     x = torch.randn(1, prompt + steps, d)
-    full, _ = _rotary_attention(x, torch.arange(prompt + steps), causal_mask(prompt + steps), w)
+    full, _ = _rotary_attention(
+        x, torch.arange(prompt + steps), causal_mask(prompt + steps), w
+    )
     _, k_cache = _rotary_attention(x[:, :prompt], torch.arange(prompt), None, w)
     v_cache = x[:, :prompt] @ w[2]
     for step in range(steps):
-        new = x[:, prompt + step: prompt + step + 1]  # (1, 1, d)
+        new = x[:, prompt + step : prompt + step + 1]  # (1, 1, d)
         pos = torch.tensor([0]) if wrong else position_ids(1, offset=k_cache.shape[-2])
         if not wrong:
             assert pos.item() == prompt + step
@@ -242,7 +259,9 @@ def test_p16_cached_decoding_matches_full_recompute(wrong):
 
 @param("n_heads", [1, 2, 3, 4, 6, 8, 12, 16, 24])
 def test_alibi_slopes_match_bloom(n_heads):
-    torch.testing.assert_close(alibi_slopes(n_heads), _get_alibi_slopes(n_heads, "cpu").float())
+    torch.testing.assert_close(
+        alibi_slopes(n_heads), _get_alibi_slopes(n_heads, "cpu").float()
+    )
 
 
 def test_alibi_bias_values_and_alignment():
@@ -261,7 +280,9 @@ def test_alibi_causal_rows_equal_bloom_up_to_a_row_constant():
     scores = torch.randn(1, h, t, t)
     mask = causal_mask(t)
     bloom = _get_alibi_slopes(h, "cpu").float()[:, None, None] * torch.arange(t)
-    w_ours = torch.softmax((scores + alibi_bias(h, t)).masked_fill(~mask, -math.inf), -1)
+    w_ours = torch.softmax(
+        (scores + alibi_bias(h, t)).masked_fill(~mask, -math.inf), -1
+    )
     w_bloom = torch.softmax((scores + bloom).masked_fill(~mask, -math.inf), -1)
     torch.testing.assert_close(w_ours, w_bloom)
     w_open = torch.softmax(scores + alibi_bias(h, t), -1)  # without the causal mask
@@ -291,11 +312,14 @@ def _crashes_on_odd(max_len, d):
     return pe
 
 
-@param("fn, message", [
-    (_crashes_on_odd, "odd d_model"),
-    (_halves_table, "first half"),
-    (lambda n, d: sinusoidal_encoding(n, d)[:, torch.arange(d) ^ 1], "swapped"),
-])
+@param(
+    "fn, message",
+    [
+        (_crashes_on_odd, "odd d_model"),
+        (_halves_table, "first half"),
+        (lambda n, d: sinusoidal_encoding(n, d)[:, torch.arange(d) ^ 1], "swapped"),
+    ],
+)
 def test_check_sinusoidal_encoding(fn, message):
     assert exercises.check_sinusoidal_encoding(lambda n, d: sinusoidal_encoding(n, d))
     with pytest.raises(exercises.CheckError, match=message):
@@ -306,26 +330,38 @@ def test_check_sinusoidal_encoding_stub_is_not_attempted(capsys):
     def stub(max_len, d_model):
         raise NotImplementedError("your code here")
 
-    assert exercises.check_sinusoidal_encoding(stub) is False  # NotImplementedError is a
+    assert (
+        exercises.check_sinusoidal_encoding(stub) is False
+    )  # NotImplementedError is a
     assert "not attempted yet" in capsys.readouterr().out  # RuntimeError: not a crash
 
 
-@param("fn, message", [
-    (lambda x, p: apply_rotary(x, p, layout="interleaved"), "interleaved"),
-    (lambda x, p: apply_rotary(x, -p), "backwards"),
-    (lambda x, p: apply_rotary(x, p) * 1.5, "norm"),
-])
+@param(
+    "fn, message",
+    [
+        (lambda x, p: apply_rotary(x, p, layout="interleaved"), "interleaved"),
+        (lambda x, p: apply_rotary(x, -p), "backwards"),
+        (lambda x, p: apply_rotary(x, p) * 1.5, "norm"),
+    ],
+)
 def test_check_rotary_half(fn, message):
     assert exercises.check_rotary_half(lambda x, p: apply_rotary(x, p))
     with pytest.raises(exercises.CheckError, match=message):
         exercises.check_rotary_half.strict(fn)
 
 
-@param("fn, message", [
-    (lambda keep, n: torch.arange(n).expand(keep.shape[0], n), "P16"),
-    (lambda keep, n: torch.arange(keep.shape[1] - n, keep.shape[1]).expand(
-        keep.shape[0], n), "padding was counted"),
-])
+@param(
+    "fn, message",
+    [
+        (lambda keep, n: torch.arange(n).expand(keep.shape[0], n), "P16"),
+        (
+            lambda keep, n: torch.arange(keep.shape[1] - n, keep.shape[1]).expand(
+                keep.shape[0], n
+            ),
+            "padding was counted",
+        ),
+    ],
+)
 def test_check_new_token_positions(fn, message, capsys):
     def right(keep, n):
         return position_ids(n, offset=keep.shape[1] - n, keep=keep)
@@ -342,8 +378,12 @@ def test_check_new_token_positions(fn, message, capsys):
 
 
 @settings(max_examples=40, deadline=None)
-@given(rows=st.lists(st.lists(st.booleans(), min_size=6, max_size=6), min_size=1,
-                     max_size=4), n_new=st.integers(1, 6))
+@given(
+    rows=st.lists(
+        st.lists(st.booleans(), min_size=6, max_size=6), min_size=1, max_size=4
+    ),
+    n_new=st.integers(1, 6),
+)
 def test_position_ids_count_real_tokens(rows, n_new):
     keep = torch.tensor(rows)
     pos = position_ids(6, keep=keep)  # (B, S)
@@ -351,7 +391,7 @@ def test_position_ids_count_real_tokens(rows, n_new):
         real = pos[b][keep[b]]
         assert real.tolist() == list(range(int(keep[b].sum())))  # 0, 1, 2, ... in order
     tail = position_ids(n_new, offset=6 - n_new, keep=keep)
-    assert torch.equal(tail, pos[:, 6 - n_new:])  # the cached call agrees
+    assert torch.equal(tail, pos[:, 6 - n_new :])  # the cached call agrees
 
 
 def test_attention_without_positions_is_permutation_equivariant():
@@ -362,10 +402,14 @@ def test_attention_without_positions_is_permutation_equivariant():
     perm = torch.tensor([3, 0, 5, 1, 4, 2])
     with torch.no_grad():
         out = mha(x, x, x)[0]
-        torch.testing.assert_close(mha(x[:, perm], x[:, perm], x[:, perm])[0], out[:, perm])
+        torch.testing.assert_close(
+            mha(x[:, perm], x[:, perm], x[:, perm])[0], out[:, perm]
+        )
         pe = SinusoidalPositionalEncoding(16, 8)  # with positions, order matters
         xp, xq = pe(x), pe(x[:, perm])
-        assert not torch.allclose(mha(xq, xq, xq)[0], mha(xp, xp, xp)[0][:, perm], atol=1e-3)
+        assert not torch.allclose(
+            mha(xq, xq, xq)[0], mha(xp, xp, xp)[0][:, perm], atol=1e-3
+        )
 
 
 @param("k", [0, 1, 5, 40])

@@ -43,8 +43,10 @@ def batch():
 def run_hf(hf, ids, keep):
     with torch.no_grad():
         out = hf(
-            input_ids=ids, attention_mask=keep.long(),
-            output_attentions=True, output_hidden_states=True,
+            input_ids=ids,
+            attention_mask=keep.long(),
+            output_attentions=True,
+            output_hidden_states=True,
         )
     return torch.stack(out.hidden_states), torch.stack(out.attentions)
 
@@ -60,7 +62,7 @@ def test_tokenize_batch_pads_at_the_end(batch):
     assert ids.shape == keep.shape == (len(SENTENCES), max(map(len, tokens)))
     for b, toks in enumerate(tokens):
         assert keep[b].sum() == len(toks)
-        assert (ids[b, len(toks):] == 0).all()
+        assert (ids[b, len(toks) :] == 0).all()
 
 
 def test_hidden_states_and_attentions_equal_bert_model(ours, hf, batch):
@@ -99,11 +101,14 @@ def test_padding_does_not_change_real_tokens(ours, batch):
         for b, toks in enumerate(tokens):
             alone = ours(ids[b : b + 1, : len(toks)])
             n = len(toks)
-            assert torch.allclose(alone.hidden_states[0], padded.hidden_states[b, :n],
-                                  atol=1e-4)
+            assert torch.allclose(
+                alone.hidden_states[0], padded.hidden_states[b, :n], atol=1e-4
+            )
             w = padded.attentions[:, b]  # (L, H, S, S)
             assert (w[..., n:] == 0).all()  # padded keys get no weight
-            assert torch.allclose(w[..., :n, :].sum(-1), torch.ones(6, 12, n), atol=1e-5)
+            assert torch.allclose(
+                w[..., :n, :].sum(-1), torch.ones(6, 12, n), atol=1e-5
+            )
 
 
 def test_attention_maps(ours):
@@ -181,7 +186,11 @@ def test_real_head_roles(ours):
 def test_vocabulary_is_ordered_by_frequency():
     tok = P.load_minilm_tokenizer()
     assert tok.id_to_token(R.FIRST_WORD_ID) == "the"
-    assert [tok.id_to_token(R.FIRST_WORD_ID + i) for i in range(3)] == ["the", "of", "and"]
+    assert [tok.id_to_token(R.FIRST_WORD_ID + i) for i in range(3)] == [
+        "the",
+        "of",
+        "and",
+    ]
 
 
 def test_top_it_animal_head_prefers_animal_over_street(ours):

@@ -135,9 +135,10 @@ ALLOWED: dict[str, str] = {
     "(6 layers of 12 heads": "the pretrained model's configuration (teacher.cfg)",
     "2. **Nearest-neighbour agreement**": "the number of a list item",
     "and has 2 Transformer layers": "the student's depth, a parameter of make_student",
-    "with 6 layers and 2 to fill, we take one in three (the teacher's layers 3 and 6)":
-    "the teacher's and the student's depths and the layers they imply, parameters of "
-    "the recipes below",
+    "with 6 layers and 2 to fill, we take one in three (the teacher's layers 3 and 6)": (
+        "the teacher's and the student's depths and the layers they imply, parameters "
+        "of the recipes below"
+    ),
     "Remove 0, 12, 24, ... of the 72 heads": "the grid of the cell below; 72 is 6 "
     "layers x 12 heads",
     "of the 72 heads can go (on this grid of 12) before the Spearman correlation falls "
@@ -192,7 +193,8 @@ def prose_of(text: str) -> str:
         if fence and fence.group(2) and not (stack and stack[-1][1]):
             info = fence.group(2).strip()
             is_code = not info.startswith("{") or info.startswith(
-                ("{code-cell}", "{code-block}", "{code}", "{literalinclude}"))
+                ("{code-cell}", "{code-block}", "{code}", "{literalinclude}")
+            )
             stack.append((fence.group(1), is_code))
             out.append("")
             continue
@@ -202,8 +204,11 @@ def prose_of(text: str) -> str:
             continue
         in_code = any(code for _, code in stack)
         option = stack and re.match(r"^\s*:[\w-]+:", line)  # :label:, :class:
-        indented = prev_blank and line.startswith("    ") or (
-            out and out[-1] == "\0" and line.startswith("    "))
+        indented = (
+            prev_blank
+            and line.startswith("    ")
+            or (out and out[-1] == "\0" and line.startswith("    "))
+        )
         if in_code or option:
             out.append("")
         elif indented:
@@ -252,16 +257,20 @@ def typed_numbers(prose: str) -> list[tuple[int, str, str]]:
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
 def test_no_number_is_typed_into_the_prose(chapter):
     found = typed_numbers(prose_of(chapter.read_text()))
-    report = "\n".join(f"  {chapter.name}:{line}: {num!r} in '...{ctx}...'"
-                       for line, num, ctx in found)
+    report = "\n".join(
+        f"  {chapter.name}:{line}: {num!r} in '...{ctx}...'" for line, num, ctx in found
+    )
     assert not found, (
         f"{len(found)} number(s) typed into the prose; print them from a cell, glue "
-        f"them, or add the phrase to ALLOWED with a reason:\n{report}")
+        f"them, or add the phrase to ALLOWED with a reason:\n{report}"
+    )
 
 
 def test_the_scan_finds_a_typed_number():
-    text = "Some prose.\n\n```{code-cell} ipython3\nprint(0.4)\n```\n\n" \
-           "The accuracy is 0.93 at length 64, about 5x faster.\n"
+    text = (
+        "Some prose.\n\n```{code-cell} ipython3\nprint(0.4)\n```\n\n"
+        "The accuracy is 0.93 at length 64, about 5x faster.\n"
+    )
     found = typed_numbers(prose_of(text))
     assert [num for _, num, _ in found] == ["0.93", "64", "5x"]
     assert found[0][0] == 7  # the line of the sentence

@@ -24,8 +24,17 @@ from transformer_course.prune import (
     sparsity,
 )
 
-CFG = {"d_model": 32, "n_heads": 4, "d_k": 8, "d_ff": 64, "n_layers": 3,
-       "vocab_size": 50, "max_len": 32, "layer_norm_eps": 1e-12, "pad_id": 0}
+CFG = {
+    "d_model": 32,
+    "n_heads": 4,
+    "d_k": 8,
+    "d_ff": 64,
+    "n_layers": 3,
+    "vocab_size": 50,
+    "max_len": 32,
+    "layer_norm_eps": 1e-12,
+    "pad_id": 0,
+}
 
 
 @pytest.fixture
@@ -148,13 +157,19 @@ def test_real_model_gates_and_removal():
     from transformer_course.pretrained import load_minilm_encoder, tokenize_batch
 
     teacher = load_minilm_encoder()
-    ids, mask, _ = tokenize_batch(["To be, or not to be.", "A horse! a horse!",
-                                   "Now is the winter of our discontent."])
+    ids, mask, _ = tokenize_batch(
+        [
+            "To be, or not to be.",
+            "A horse! a horse!",
+            "Now is the winter of our discontent.",
+        ]
+    )
     with torch.no_grad():
         ref = sentence_embeddings(teacher, ids, mask)
         heads = [(0, 3), (5, 11)]
-        gated = sentence_embeddings(teacher, ids, mask,
-                                    head_mask=gates_without(heads, 6, 12))
+        gated = sentence_embeddings(
+            teacher, ids, mask, head_mask=gates_without(heads, 6, 12)
+        )
         pruned = remove_heads(clone_encoder(teacher), heads)
         torch.testing.assert_close(sentence_embeddings(pruned, ids, mask), gated)
     assert spearman_fidelity(ref, ref) == pytest.approx(1.0)

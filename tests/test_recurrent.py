@@ -32,8 +32,14 @@ def test_copy_batch_target_is_bos_then_source():
     assert src.min() >= FIRST_SYMBOL and src.max() < V  # never a special id
 
 
-@param("kwargs,name", [({"batch_size": 0}, "batch_size"), ({"length": 0}, "length"),
-                       ({"vocab_size": FIRST_SYMBOL}, "vocab_size")])
+@param(
+    "kwargs,name",
+    [
+        ({"batch_size": 0}, "batch_size"),
+        ({"length": 0}, "length"),
+        ({"vocab_size": FIRST_SYMBOL}, "vocab_size"),
+    ],
+)
 def test_copy_batch_rejects_bad_sizes(kwargs, name):
     args = {"batch_size": 2, "length": 3, "vocab_size": V} | kwargs
     with pytest.raises(ValueError, match=name):
@@ -83,8 +89,9 @@ def test_decoder_matches_a_hand_written_lstm_and_additive_attention():
     lstm_dec = nn.LSTM(8, 16, batch_first=True)
     lstm_dec.load_state_dict(model.decoder.state_dict())
     dec, _ = lstm_dec(model.embed(tgt[:, :-1]), state)
-    context, weights = additive_attention(dec, memory, memory, model.w_q, model.w_k,
-                                          model.w_score)
+    context, weights = additive_attention(
+        dec, memory, memory, model.w_q, model.w_k, model.w_score
+    )
     want = model.out(torch.cat([dec, context], -1))
     assert torch.allclose(model(src, tgt[:, :-1]), want, atol=1e-6)
     assert torch.allclose(model.attn_weights, weights)
@@ -93,11 +100,14 @@ def test_decoder_matches_a_hand_written_lstm_and_additive_attention():
     assert not torch.allclose(model(src, tgt[:, :-1]), wrong, atol=1e-3)
 
 
-@param("bad,error,match", [
-    (torch.ones(2, 3), TypeError, "integer"),
-    (torch.ones(2, 3, 1, dtype=torch.long), ValueError, r"\(B, L\)"),
-    (torch.full((2, 3), V), ValueError, "expected ids in"),
-])
+@param(
+    "bad,error,match",
+    [
+        (torch.ones(2, 3), TypeError, "integer"),
+        (torch.ones(2, 3, 1, dtype=torch.long), ValueError, r"\(B, L\)"),
+        (torch.full((2, 3), V), ValueError, "expected ids in"),
+    ],
+)
 def test_bad_ids_are_rejected_with_the_argument_name(bad, error, match):
     model = LSTMSeq2Seq(V, 8, 16)
     with pytest.raises(error, match=match):
@@ -112,8 +122,16 @@ def test_greedy_copy_agrees_with_teacher_forcing_on_its_own_output(kind):
     at every position; holds for any model, trained or not."""
     torch.manual_seed(0)
     if kind == "transformer":
-        cfg = TransformerConfig(src_vocab_size=V, tgt_vocab_size=V, d_model=16,
-                                n_heads=2, d_ff=32, n_layers=1, dropout=0.0, max_len=8)
+        cfg = TransformerConfig(
+            src_vocab_size=V,
+            tgt_vocab_size=V,
+            d_model=16,
+            n_heads=2,
+            d_ff=32,
+            n_layers=1,
+            dropout=0.0,
+            max_len=8,
+        )
         model = make_model(cfg).eval()
     else:
         model = LSTMSeq2Seq(V, 8, 16, attention=kind == "lstm+attention").eval()
@@ -156,13 +174,21 @@ def test_check_encoder_attention_passes_the_reference():
     assert check_encoder_attention(_encoder_attention) is True
 
 
-@param("wrong,match", [
-    (lambda *a: _encoder_attention(*a, axis=1), "decoder steps"),
-    (lambda *a: _encoder_attention(*a, tanh=False), "tanh"),
-    (lambda d, m, *a: (m[:, -1:].expand_as(d), _encoder_attention(d, m, *a)[1] * 0),
-     "bottleneck"),
-    (lambda *a: _encoder_attention(*a)[0], "tuple"),
-])
+@param(
+    "wrong,match",
+    [
+        (lambda *a: _encoder_attention(*a, axis=1), "decoder steps"),
+        (lambda *a: _encoder_attention(*a, tanh=False), "tanh"),
+        (
+            lambda d, m, *a: (
+                m[:, -1:].expand_as(d),
+                _encoder_attention(d, m, *a)[1] * 0,
+            ),
+            "bottleneck",
+        ),
+        (lambda *a: _encoder_attention(*a)[0], "tuple"),
+    ],
+)
 def test_check_encoder_attention_names_the_mistake(wrong, match):
     with pytest.raises(CheckError, match=match):
         check_encoder_attention.strict(wrong)

@@ -18,8 +18,12 @@ ENTRY = re.compile(r"^\s*@\w+\s*\{\s*([^,\s]+)\s*,", re.MULTILINE)
 
 
 def cited_keys(text: str) -> set[str]:
-    return {key.strip() for group in CITE.findall(text) for key in group.split(",")
-            if key.strip()}
+    return {
+        key.strip()
+        for group in CITE.findall(text)
+        for key in group.split(",")
+        if key.strip()
+    }
 
 
 def bib_keys(text: str) -> list[str]:
@@ -39,6 +43,8 @@ def test_every_cited_key_is_in_the_bibliography(page):
 
 
 def test_the_check_finds_a_missing_key():
-    text = "As shown {cite}`vaswani2017attention, nobody1999nothing` and {cite:t}`x2020y`."
+    text = (
+        "As shown {cite}`vaswani2017attention, nobody1999nothing` and {cite:t}`x2020y`."
+    )
     assert cited_keys(text) == {"vaswani2017attention", "nobody1999nothing", "x2020y"}
     assert bib_keys("@article{a2020b,\n title={T}}\n@comment{c}") == ["a2020b"]

@@ -38,8 +38,10 @@ def test_page_is_built_with_a_title(site, name):
 def test_colab_link_points_at_the_generated_notebook(site, name):
     repo = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
     owner_repo = repo["url"].removeprefix("https://github.com/")
-    expected = (f"https://colab.research.google.com/github/{owner_repo}/blob/"
-                f"{repo['branch']}/notebooks/{name}.ipynb")
+    expected = (
+        f"https://colab.research.google.com/github/{owner_repo}/blob/"
+        f"{repo['branch']}/notebooks/{name}.ipynb"
+    )
     hrefs = [a["href"] for a in page(site, name).find_all("a", href=True)]
     assert expected in hrefs
     assert (ROOT / "notebooks" / f"{name}.ipynb").exists()
@@ -56,7 +58,9 @@ def test_no_launch_link_points_at_markdown(site, name):
 def test_no_empty_output_area(site, name):
     for out in outputs(page(site, name)):
         has_media = out.find(["img", "svg", "iframe", "video"]) is not None
-        assert out.get_text(strip=True) or has_media, f"empty output in {name}: {out}"[:300]
+        assert out.get_text(strip=True) or has_media, f"empty output in {name}: {out}"[
+            :300
+        ]
 
 
 @pytest.mark.parametrize("name", CHAPTERS)
@@ -76,8 +80,11 @@ def test_each_animation_is_one_html_output_without_stray_image(site, name):
     for cell in animated:
         outs = cell.select("div.cell_output > div.output")
         assert len(outs) == 1, f"{name}: an animation cell has {len(outs)} outputs"
-        stray = [img for img in cell.select("div.cell_output img")
-                 if "_images/" in img.get("src", "")]
+        stray = [
+            img
+            for img in cell.select("div.cell_output img")
+            if "_images/" in img.get("src", "")
+        ]
         assert not stray, f"{name}: a stray still frame beside the animation"
         assert "font-awesome" not in str(cell) and "bootstrapcdn" not in str(cell)
 
@@ -93,11 +100,19 @@ def test_chapter_1_has_its_interactive_view_and_figure(site):
 @pytest.mark.parametrize("name", PAGES)
 def test_nothing_is_loaded_from_another_host(site, name):
     soup = page(site, name)
-    for tag, attr in (("script", "src"), ("link", "href"), ("img", "src"), ("iframe", "src")):
+    for tag, attr in (
+        ("script", "src"),
+        ("link", "href"),
+        ("img", "src"),
+        ("iframe", "src"),
+    ):
         for el in soup.find_all(tag):
             url = el.get(attr)
-            if not url or (tag == "link" and "stylesheet" not in el.get("rel", [])
-                           and "preload" not in el.get("rel", [])):
+            if not url or (
+                tag == "link"
+                and "stylesheet" not in el.get("rel", [])
+                and "preload" not in el.get("rel", [])
+            ):
                 continue
             assert not re.match(r"^(https?:)?//", url), f"{name}: <{tag}> loads {url}"
 
@@ -106,7 +121,9 @@ def test_mathjax_is_served_by_the_site(site):
     soup = page(site, "01_qkv")
     srcs = [s.get("src", "") for s in soup.find_all("script")]
     assert any("vendor/mathjax/tex-svg.js" in s for s in srcs)
-    assert (site / "_static" / "vendor" / "mathjax" / "tex-svg.js").stat().st_size > 1_000_000
+    assert (
+        site / "_static" / "vendor" / "mathjax" / "tex-svg.js"
+    ).stat().st_size > 1_000_000
 
 
 def test_solutions_start_hidden(site):

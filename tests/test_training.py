@@ -173,8 +173,15 @@ def _sqrt_loss(model, x):
 def test_nonfinite_gradient_step_is_skipped_and_weights_stay_finite():
     model = _Sqrt()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    hist = fit(model, lambda: [(torch.zeros(1),)], _sqrt_loss, opt, max_steps=1,
-               clip_norm=1.0, progress=False)
+    hist = fit(
+        model,
+        lambda: [(torch.zeros(1),)],
+        _sqrt_loss,
+        opt,
+        max_steps=1,
+        clip_norm=1.0,
+        progress=False,
+    )
     assert hist.loss == [0.0] and hist.grad_norm == [math.inf]
     assert hist.skipped_steps == [1] and not hist.diverged
     assert torch.equal(model.p.detach(), torch.zeros(1))  # the last finite weights
@@ -190,8 +197,16 @@ def test_nonfinite_gradient_step_is_skipped_and_weights_stay_finite():
 def test_nonfinite_steps_in_a_row_stop_training_and_finite_ones_resume(clip):
     model = _Sqrt()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    hist = fit(model, lambda: [(torch.zeros(1),)], _sqrt_loss, opt, max_steps=50,
-               clip_norm=clip, max_skipped=4, progress=False)
+    hist = fit(
+        model,
+        lambda: [(torch.zeros(1),)],
+        _sqrt_loss,
+        opt,
+        max_steps=50,
+        clip_norm=clip,
+        max_skipped=4,
+        progress=False,
+    )
     assert hist.diverged and hist.steps == 4 and hist.skipped_steps == [1, 2, 3, 4]
     assert torch.isfinite(model.p).all()
     # an infinite gradient on every third batch only: those steps are skipped and
@@ -204,8 +219,15 @@ def test_nonfinite_steps_in_a_row_stop_training_and_finite_ones_resume(clip):
         out = ((m.p - 3) ** 2).sum()
         return out + torch.sqrt(m.p - m.p.detach()).sum() if x.item() == 0 else out
 
-    hist = fit(model, lambda: [(x,) for x in xs], loss, opt, max_steps=9,
-               clip_norm=clip, progress=False)
+    hist = fit(
+        model,
+        lambda: [(x,) for x in xs],
+        loss,
+        opt,
+        max_steps=9,
+        clip_norm=clip,
+        progress=False,
+    )
     assert hist.skipped_steps == [3, 6, 9] and not hist.diverged
     assert torch.isfinite(model.p).all() and model.p.item() != 0.0
     with pytest.raises(ValueError, match="max_skipped"):
@@ -246,8 +268,16 @@ def test_evaluation_runs_in_eval_mode_and_training_resumes_in_train_mode():
         grad_enabled.append(torch.is_grad_enabled())
         return float(model.training)
 
-    hist = fit(model, lambda: [(torch.randn(8, 4),)], loss_fn, opt, max_steps=2,
-               eval_every=1, eval_fn=eval_fn, progress=False)
+    hist = fit(
+        model,
+        lambda: [(torch.randn(8, 4),)],
+        loss_fn,
+        opt,
+        max_steps=2,
+        eval_every=1,
+        eval_fn=eval_fn,
+        progress=False,
+    )
     assert hist.evals == [(1, 0.0), (2, 0.0)]
     assert modes == [True, True] and grad_enabled == [False, False]
     # known wrong: an eval_fn called as fit once called it sees dropout on
@@ -268,8 +298,15 @@ def test_evaluating_restores_each_submodule_mode_even_on_error():
 
 
 def _dropout_model():
-    cfg = TransformerConfig(src_vocab_size=10, tgt_vocab_size=10, d_model=16,
-                            n_heads=2, d_ff=32, dropout=0.5, max_len=8)
+    cfg = TransformerConfig(
+        src_vocab_size=10,
+        tgt_vocab_size=10,
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        dropout=0.5,
+        max_len=8,
+    )
     torch.manual_seed(0)
     return make_model(cfg)
 
@@ -284,15 +321,17 @@ def _decoders():
     return found
 
 
-@pytest.mark.parametrize("decode, kw", _decoders(), ids=lambda x: getattr(
-    x, "__name__", ""))
+@pytest.mark.parametrize(
+    "decode, kw", _decoders(), ids=lambda x: getattr(x, "__name__", "")
+)
 def test_every_decoder_runs_in_eval_mode_and_restores_train_mode(decode, kw):
     from transformer_course.model import DecoderOnlyLM
 
     kw = dict(kw)
     if kw.pop("lm", False):
-        cfg = TransformerConfig(tgt_vocab_size=10, d_model=16, n_heads=2, d_ff=32,
-                                dropout=0.5, max_len=8)
+        cfg = TransformerConfig(
+            tgt_vocab_size=10, d_model=16, n_heads=2, d_ff=32, dropout=0.5, max_len=8
+        )
         model, args = DecoderOnlyLM(cfg), (torch.tensor([[4, 5]]), 3)
     else:
         model, args = _dropout_model(), (torch.randint(4, 10, (2, 5)), 4)

@@ -105,10 +105,10 @@ def test_every_promised_dtype_is_tested():
 @param("causal", [False, True])
 def test_kernel_promised_dtype_within_its_rounding(dtype, causal):
     # the case: small integers are exact in every dtype
-    q, k, v = (torch.randint(-2, 3, (1, 1, 32, 16), device=DEVICE).to(dtype)
-               for _ in range(3))
-    out = triton_kernels.flash_attention(q, k, v, causal=causal, block_m=16,
-                                         block_n=16)
+    q, k, v = (
+        torch.randint(-2, 3, (1, 1, 32, 16), device=DEVICE).to(dtype) for _ in range(3)
+    )
+    out = triton_kernels.flash_attention(q, k, v, causal=causal, block_m=16, block_n=16)
     ref = reference(q, k, v, causal, None)  # float32
     assert out.dtype == dtype and out.shape == q.shape
     err = (out.float() - ref).abs().max().item()

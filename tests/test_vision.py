@@ -29,7 +29,9 @@ def loop_patches(images, p):
     out = []
     for r in range(H // p):
         for c in range(W // p):
-            out.append(images[:, r * p : (r + 1) * p, c * p : (c + 1) * p].reshape(B, -1))
+            out.append(
+                images[:, r * p : (r + 1) * p, c * p : (c + 1) * p].reshape(B, -1)
+            )
     return torch.stack(out, dim=1)  # (B, N, p * p)
 
 
@@ -49,8 +51,24 @@ def test_the_wrong_view_is_not_patchify():
 
 def test_patch_zero_is_the_top_left_square():
     x = torch.arange(64.0).reshape(1, 8, 8)
-    assert patchify(x, 4)[0, 0].tolist() == [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19,
-                                             24, 25, 26, 27]
+    assert patchify(x, 4)[0, 0].tolist() == [
+        0,
+        1,
+        2,
+        3,
+        8,
+        9,
+        10,
+        11,
+        16,
+        17,
+        18,
+        19,
+        24,
+        25,
+        26,
+        27,
+    ]
     assert patchify(x, 4)[0, 1, 0].item() == 4  # next patch: to the right
 
 
@@ -73,8 +91,16 @@ def test_cell_of_patch():
 
 
 def small_captioner(pool=False):
-    cfg = TransformerConfig(src_vocab_size=4, tgt_vocab_size=12, d_model=16, n_heads=2,
-                            d_ff=32, n_layers=1, dropout=0.0, max_len=10)
+    cfg = TransformerConfig(
+        src_vocab_size=4,
+        tgt_vocab_size=12,
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        n_layers=1,
+        dropout=0.0,
+        max_len=10,
+    )
     torch.manual_seed(0)
     return Captioner(cfg, (8, 16), 4, pool=pool).eval()
 
@@ -91,7 +117,9 @@ def test_caption_decoding_with_and_without_the_kv_cache_agree(pool):
 
 
 def test_pooled_encoder_has_one_vector_and_the_grid_has_n():
-    cfg = TransformerConfig(src_vocab_size=4, d_model=16, n_heads=2, d_ff=32, n_layers=1)
+    cfg = TransformerConfig(
+        src_vocab_size=4, d_model=16, n_heads=2, d_ff=32, n_layers=1
+    )
     x = torch.rand(3, 8, 16)
     assert ImageEncoder(cfg, (8, 16), 4)(x).shape == (3, 8, 16)
     assert ImageEncoder(cfg, (8, 16), 4, pool=True)(x).shape == (3, 1, 16)

@@ -33,8 +33,9 @@ def labelled_figure(title="Scores", xlabel="key", ylabel="query"):
 
 
 def test_heatmap_and_grid_describe_what_they_show():
-    fig = attention_heatmap(torch.full((2, 3), 1 / 3), ["a", "b", "c"], ["x", "y"],
-                            title="W")
+    fig = attention_heatmap(
+        torch.full((2, 3), 1 / 3), ["a", "b", "c"], ["x", "y"], title="W"
+    )
     text = alt_text(fig)
     assert text.startswith("W: heatmap of attention weights")
     assert "2 queries (x, y)" in text and "3 keys (a, b, c)" in text
@@ -61,12 +62,16 @@ def test_set_alt_text_wins_and_rejects_empty_text():
 def test_animation_frame_has_alt_text_and_its_slider_a_label():
     fig = labelled_figure()
     ax = fig.axes[0]
-    html = animation_html(FuncAnimation(fig, lambda i: ax.set_title(f"frame {i}"),
-                                        frames=3)).data
+    html = animation_html(
+        FuncAnimation(fig, lambda i: ax.set_title(f"frame {i}"), frames=3)
+    ).data
     (img,) = re.findall(r'<img id="_anim_img\w+"[^>]*>', html)
     assert 'alt="Animation. Figure: frame' in img
-    assert re.search(r'<input id="_anim_slider\w+" type="range" class="anim-slider" '
-                     r'aria-label="Animation frame"', html)
+    assert re.search(
+        r'<input id="_anim_slider\w+" type="range" class="anim-slider" '
+        r'aria-label="Animation frame"',
+        html,
+    )
     html = query_scan_animation(torch.tensor([1.0, 0.0]), ["<a>", "b"]).data
     assert "scans the keys &lt;a&gt;, b" in html  # escaped
 
@@ -93,7 +98,7 @@ def test_book_build_shows_figures_as_img_with_alt(monkeypatch):
         assert "text/html" not in data  # a live kernel keeps the usual PNG
         monkeypatch.setenv("TRANSFORMER_COURSE_STATIC", "1")
         data, _ = shell.display_formatter.format(fig)
-        assert data["text/html"].startswith("<img src=\"data:image/png;base64,")
+        assert data["text/html"].startswith('<img src="data:image/png;base64,')
         assert 'alt="A described figure"' in data["text/html"]
         # the inline backend drops every Figure formatter when it starts; the next cell
         # (pre_execute) and the figure display after a cell (post_execute) restore it

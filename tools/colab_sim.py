@@ -87,10 +87,13 @@ def _run(cmd, **kw) -> subprocess.CompletedProcess:
 
 # -- 1. the package: a snapshot repository and a wheel ------------------------------------
 
+
 def snapshot(dest: Path) -> Path:
     """Copy the working tree's tracked and untracked (not ignored) files into a new git
     repository at ``dest`` with one commit on the configured branch."""
-    files = _run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT).stdout
+    files = _run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT
+    ).stdout
     for rel in filter(None, files.split("\0")):
         src = ROOT / rel
         if src.is_file():
@@ -107,13 +110,26 @@ def snapshot(dest: Path) -> Path:
 def build_wheel(source: Path, dist: Path) -> Path:
     """Build the package's wheel from ``source`` into ``dist`` and check that it holds
     every module of src/transformer_course. Returns the wheel's path."""
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist),
-          str(source)])
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "-w",
+            str(dist),
+            str(source),
+        ]
+    )
     (wheel,) = dist.glob(f"{PACKAGE}-*.whl")
     inside = set(zipfile.ZipFile(wheel).namelist())
-    wanted = {p.relative_to(source / "src").as_posix()
-              for p in (source / "src" / PACKAGE).rglob("*")
-              if p.is_file() and "__pycache__" not in p.parts}
+    wanted = {
+        p.relative_to(source / "src").as_posix()
+        for p in (source / "src" / PACKAGE).rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
     missing = sorted(wanted - inside)
     if missing:
         raise RuntimeError(f"{wheel.name} lacks files of src/{PACKAGE}: {missing}")
@@ -121,6 +137,7 @@ def build_wheel(source: Path, dist: Path) -> Path:
 
 
 # -- 2. the Colab-like environment -----------------------------------------------------
+
 
 def _freeze(python: Path) -> dict[str, str]:
     out = _run([str(python), "-m", "pip", "list", "--format=json"]).stdout
@@ -157,6 +174,7 @@ def restore(venv: Path) -> None:
 
 # -- 3. one notebook, alone in an empty folder ----------------------------------------------
 
+
 @dataclass
 class Result:
     notebook: str
@@ -185,8 +203,9 @@ def kernel_env(venv: Path, home: Path, repo_snapshot: Path) -> dict[str, str]:
     return env
 
 
-def run_notebook(notebook: Path, venv: Path, repo_snapshot: Path, *,
-                 timeout: int = 900) -> Result:
+def run_notebook(
+    notebook: Path, venv: Path, repo_snapshot: Path, *, timeout: int = 900
+) -> Result:
     """Execute ``notebook`` alone in an empty temporary folder with the kernel of
     ``venv`` (restored to its base state first)."""
     from nbclient import NotebookClient
@@ -198,29 +217,48 @@ def run_notebook(notebook: Path, venv: Path, repo_snapshot: Path, *,
         work, home, kernels = tmp / "content", tmp / "home", tmp / "jupyter" / "kernels"
         for d in (work, home, kernels / KERNEL):
             d.mkdir(parents=True)
-        (kernels / KERNEL / "kernel.json").write_text(json.dumps({
-            "argv": [str(venv / "bin" / "python"), "-m", "ipykernel_launcher",
-                     "-f", "{connection_file}"],
-            "display_name": "Colab simulation", "language": "python",
-        }))
+        (kernels / KERNEL / "kernel.json").write_text(
+            json.dumps(
+                {
+                    "argv": [
+                        str(venv / "bin" / "python"),
+                        "-m",
+                        "ipykernel_launcher",
+                        "-f",
+                        "{connection_file}",
+                    ],
+                    "display_name": "Colab simulation",
+                    "language": "python",
+                }
+            )
+        )
         target = work / notebook.name
         shutil.copy2(notebook, target)
         nb = nbformat.read(target, as_version=4)
         old_path = os.environ.get("JUPYTER_PATH")
         os.environ["JUPYTER_PATH"] = str(tmp / "jupyter")
-        client = NotebookClient(nb, timeout=timeout, kernel_name=KERNEL,
-                                resources={"metadata": {"path": str(work)}})
+        client = NotebookClient(
+            nb,
+            timeout=timeout,
+            kernel_name=KERNEL,
+            resources={"metadata": {"path": str(work)}},
+        )
         start = time.perf_counter()
         try:
             client.execute(env=kernel_env(venv, home, repo_snapshot))
             return Result(notebook.name, True, time.perf_counter() - start)
         except CellExecutionError as err:
             text = _ANSI.sub("", str(err))
-            return Result(notebook.name, False, time.perf_counter() - start,
-                          text[-3000:])
+            return Result(
+                notebook.name, False, time.perf_counter() - start, text[-3000:]
+            )
         except Exception as err:  # noqa: BLE001 (timeouts, dead kernel: report them)
-            return Result(notebook.name, False, time.perf_counter() - start,
-                          f"{type(err).__name__}: {err}"[-3000:])
+            return Result(
+                notebook.name,
+                False,
+                time.perf_counter() - start,
+                f"{type(err).__name__}: {err}"[-3000:],
+            )
         finally:
             if old_path is None:
                 os.environ.pop("JUPYTER_PATH", None)
@@ -258,15 +296,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in names:
             result = sim.run(ROOT / "notebooks" / f"{name}.ipynb", timeout=args.timeout)
-            print(f"{name}: {'ok' if result.ok else 'FAILED'} in {result.seconds:.0f} s",
-                  flush=True)
+            print(
+                f"{name}: {'ok' if result.ok else 'FAILED'} in {result.seconds:.0f} s",
+                flush=True,
+            )
             if not result.ok:
                 failed.append(name)
                 print(result.error, file=sys.stderr)
     finally:
         sim.close()
-    print(f"colab-sim: {len(names) - len(failed)}/{len(names)} notebooks ran in "
-          f"{time.perf_counter() - start:.0f} s")
+    print(
+        f"colab-sim: {len(names) - len(failed)}/{len(names)} notebooks ran in "
+        f"{time.perf_counter() - start:.0f} s"
+    )
     return 1 if failed else 0
 
 

@@ -66,8 +66,13 @@ class Report:
         self.line("| " + " | ".join(keys) + " |")
         self.line("|" + "---|" * len(keys))
         for r in rows:
-            self.line("| " + " | ".join(
-                f"{v:.4g}" if isinstance(v, float) else str(v) for v in r.values()) + " |")
+            self.line(
+                "| "
+                + " | ".join(
+                    f"{v:.4g}" if isinstance(v, float) else str(v) for v in r.values()
+                )
+                + " |"
+            )
 
 
 def sync(device: torch.device):
@@ -97,8 +102,13 @@ def check_device(report: Report, device: torch.device):
     q, k, v = (torch.randn(B, H, T, d, dtype=torch.float64) for _ in range(3))
     mask = causal_mask(T, T).expand(B, H, T, T).clone()
     mask[1, :, 5, :] = False  # one fully masked query row (pitfall P1)
-    ref = torch.softmax((q @ k.transpose(-1, -2) / math.sqrt(d)).masked_fill(
-        ~mask, float("-inf")), dim=-1).nan_to_num(0.0) @ v
+    ref = (
+        torch.softmax(
+            (q @ k.transpose(-1, -2) / math.sqrt(d)).masked_fill(~mask, float("-inf")),
+            dim=-1,
+        ).nan_to_num(0.0)
+        @ v
+    )
     tolerance = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
     backends = dict(ATTENTION_BACKENDS)
     rows = []
@@ -109,21 +119,40 @@ def check_device(report: Report, device: torch.device):
             err = (out.double().cpu() - ref).abs().max().item()
             row5 = out[1, :, 5].abs().max().item()
             finite = bool(torch.isfinite(out).all())
-            rows.append({"backend": name, "dtype": str(dtype).removeprefix("torch."),
-                         "max abs error": err, "masked row max": row5,
-                         "finite": finite})
+            rows.append(
+                {
+                    "backend": name,
+                    "dtype": str(dtype).removeprefix("torch."),
+                    "max abs error": err,
+                    "masked row max": row5,
+                    "finite": finite,
+                }
+            )
             if not (err <= tol and row5 == 0.0 and finite):
-                report.failures.append(f"{name} {dtype}: error {err:.3g}, masked row "
-                                       f"{row5:.3g}, finite {finite}")
+                report.failures.append(
+                    f"{name} {dtype}: error {err:.3g}, masked row "
+                    f"{row5:.3g}, finite {finite}"
+                )
     report.table(rows)
-    report.check(not any("error" in f for f in report.failures),
-                 "every backend agrees with the float64 reference; masked rows are 0")
+    report.check(
+        not any("error" in f for f in report.failures),
+        "every backend agrees with the float64 reference; masked rows are 0",
+    )
 
 
 # -- 2. a training run on the device ---------------------------------------------------------
 
-def check_training(report: Report, device: torch.device, *, steps: int, d_model: int,
-                   n_layers: int, batch: int, block: int):
+
+def check_training(
+    report: Report,
+    device: torch.device,
+    *,
+    steps: int,
+    d_model: int,
+    n_layers: int,
+    batch: int,
+    block: int,
+):
     from transformer_course.data import CharTokenizer
     from transformer_course.decoding import new_caches
     from transformer_course.model import DecoderOnlyLM, TransformerConfig
@@ -134,10 +163,17 @@ def check_training(report: Report, device: torch.device, *, steps: int, d_model:
     text = " ".join(number_words(n) + "." for n in range(0, 20_000, 7))
     tok = CharTokenizer([text])
     data = torch.tensor(tok.encode(text), device=device)
-    cfg = TransformerConfig(tgt_vocab_size=tok.vocab_size, d_model=d_model,
-                            n_heads=max(1, d_model // 64), d_ff=4 * d_model,
-                            n_layers=n_layers, max_len=block + 32, dropout=0.0,
-                            backend="sdpa", tie_embeddings=True)
+    cfg = TransformerConfig(
+        tgt_vocab_size=tok.vocab_size,
+        d_model=d_model,
+        n_heads=max(1, d_model // 64),
+        d_ff=4 * d_model,
+        n_layers=n_layers,
+        max_len=block + 32,
+        dropout=0.0,
+        backend="sdpa",
+        tie_embeddings=True,
+    )
     model = DecoderOnlyLM(cfg).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -166,10 +202,19 @@ def check_training(report: Report, device: torch.device, *, steps: int, d_model:
     seconds = time.perf_counter() - start
     first = sum(losses[:10]) / min(10, len(losses))
     last = sum(losses[-10:]) / min(10, len(losses))
-    report.table([{"parameters": n_params, "steps": steps, "batch x block":
-                   f"{batch} x {block}", "seconds": seconds,
-                   "tokens/s": steps * batch * block / seconds,
-                   "loss first 10": first, "loss last 10": last}])
+    report.table(
+        [
+            {
+                "parameters": n_params,
+                "steps": steps,
+                "batch x block": f"{batch} x {block}",
+                "seconds": seconds,
+                "tokens/s": steps * batch * block / seconds,
+                "loss first 10": first,
+                "loss last 10": last,
+            }
+        ]
+    )
     report.check(last < 0.7 * first, f"loss fell from {first:.3f} to {last:.3f}")
 
     model.eval()
@@ -190,8 +235,10 @@ def check_training(report: Report, device: torch.device, *, steps: int, d_model:
 
 # -- 3. the Triton kernel --------------------------------------------------------------------------
 
-def check_triton(report: Report, device: torch.device, *, lengths: list[int],
-                 repeat: int):
+
+def check_triton(
+    report: Report, device: torch.device, *, lengths: list[int], repeat: int
+):
     report.section("Triton FlashAttention kernel against PyTorch SDPA")
     if importlib.util.find_spec("transformer_course.triton_kernels") is None:
         report.line("transformer_course.triton_kernels does not exist yet: skipped")
@@ -218,35 +265,54 @@ def check_triton(report: Report, device: torch.device, *, lengths: list[int],
         cases = {
             "plain": (flash(*low), ref()),
             "causal": (flash(*low, causal=True), ref(is_causal=True)),
-            "padding mask": (flash(*low, key_mask=keep),
-                             ref(attn_mask=keep[:, None, None, :])),
+            "padding mask": (
+                flash(*low, key_mask=keep),
+                ref(attn_mask=keep[:, None, None, :]),
+            ),
         }
         name = str(dtype).removeprefix("torch.")
         for case, (ours, want) in cases.items():
             err = (ours.float() - want).abs().max().item()
-            report.check(ours.dtype == dtype and err <= tol,
-                         f"{name} {case}: max abs difference {err:.2e} (<= {tol:g}), "
-                         f"output {str(ours.dtype).removeprefix('torch.')}")
+            report.check(
+                ours.dtype == dtype and err <= tol,
+                f"{name} {case}: max abs difference {err:.2e} (<= {tol:g}), "
+                f"output {str(ours.dtype).removeprefix('torch.')}",
+            )
 
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     rows = []
     for t in lengths:
         B, H, d = 4, 16, 64
-        q, k, v = (torch.randn(B, H, t, d, device=device, dtype=dtype) for _ in range(3))
+        q, k, v = (
+            torch.randn(B, H, t, d, device=device, dtype=dtype) for _ in range(3)
+        )
         flops = 4 * B * H * t * t * d / 2  # two matmuls, causal half
         ours = best_time(partial(flash, q, k, v, causal=True), device, repeat)
-        ref = best_time(partial(F.scaled_dot_product_attention, q, k, v, is_causal=True),
-                         device, repeat)
-        rows.append({"T": t, "B x H x d": f"{B} x {H} x {d}",
-                     "triton ms": ours * 1e3, "sdpa ms": ref * 1e3,
-                     "triton TFLOP/s": flops / ours / 1e12,
-                     "sdpa TFLOP/s": flops / ref / 1e12, "triton / sdpa time": ours / ref})
-    report.line(f"causal forward, {str(dtype).removeprefix('torch.')}, fastest of {repeat}:")
+        ref = best_time(
+            partial(F.scaled_dot_product_attention, q, k, v, is_causal=True),
+            device,
+            repeat,
+        )
+        rows.append(
+            {
+                "T": t,
+                "B x H x d": f"{B} x {H} x {d}",
+                "triton ms": ours * 1e3,
+                "sdpa ms": ref * 1e3,
+                "triton TFLOP/s": flops / ours / 1e12,
+                "sdpa TFLOP/s": flops / ref / 1e12,
+                "triton / sdpa time": ours / ref,
+            }
+        )
+    report.line(
+        f"causal forward, {str(dtype).removeprefix('torch.')}, fastest of {repeat}:"
+    )
     report.line("")
     report.table(rows)
 
 
 # -- 4. running out of memory -----------------------------------------------------------
+
 
 def naive_attention(q, k, v):
     """The three steps with the (B, H, T, T) scores and weights in full."""
@@ -254,22 +320,34 @@ def naive_attention(q, k, v):
     return torch.softmax(scores, dim=-1) @ v
 
 
-def check_out_of_memory(report: Report, device: torch.device, *, start: int,
-                        limit: int, heads: int, attend=naive_attention):
+def check_out_of_memory(
+    report: Report,
+    device: torch.device,
+    *,
+    start: int,
+    limit: int,
+    heads: int,
+    attend=naive_attention,
+):
     """Double T from ``start`` until ``attend`` raises OutOfMemoryError or T > limit."""
     report.section("Running out of memory: naive attention at growing T")
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     rows, largest, failed_at, t = [], None, None, start
     while t <= limit:
         try:
-            q, k, v = (torch.randn(1, heads, t, 64, device=device, dtype=dtype)
-                       for _ in range(3))
+            q, k, v = (
+                torch.randn(1, heads, t, 64, device=device, dtype=dtype)
+                for _ in range(3)
+            )
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             out = attend(q, k, v)
             sync(device)
-            peak = (torch.cuda.max_memory_allocated(device) / 2**30
-                    if device.type == "cuda" else float("nan"))
+            peak = (
+                torch.cuda.max_memory_allocated(device) / 2**30
+                if device.type == "cuda"
+                else float("nan")
+            )
             rows.append({"T": t, "ran": "yes", "peak GiB": peak})
             largest = t
             del q, k, v, out
@@ -281,27 +359,39 @@ def check_out_of_memory(report: Report, device: torch.device, *, start: int,
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         t *= 2
-    total = (torch.cuda.get_device_properties(device).total_memory / 2**30
-             if device.type == "cuda" else float("nan"))
-    report.line(f"1 sequence, {heads} heads, d_k = 64, "
-                f"{str(dtype).removeprefix('torch.')}; device memory {total:.0f} GiB:")
+    total = (
+        torch.cuda.get_device_properties(device).total_memory / 2**30
+        if device.type == "cuda"
+        else float("nan")
+    )
+    report.line(
+        f"1 sequence, {heads} heads, d_k = 64, "
+        f"{str(dtype).removeprefix('torch.')}; device memory {total:.0f} GiB:"
+    )
     report.line("")
     report.table(rows)
     report.line("")
     if failed_at is None:
-        report.line(f"no OutOfMemoryError up to T = {limit}; longest that ran: {largest}")
+        report.line(
+            f"no OutOfMemoryError up to T = {limit}; longest that ran: {largest}"
+        )
     else:
-        report.line(f"longest length that ran: {largest}; OutOfMemoryError at T = "
-                    f"{failed_at}")
+        report.line(
+            f"longest length that ran: {largest}; OutOfMemoryError at T = {failed_at}"
+        )
         try:  # the fused kernel never holds the scores: does it fit where naive failed?
-            q, k, v = (torch.randn(1, heads, failed_at, 64, device=device, dtype=dtype)
-                       for _ in range(3))
+            q, k, v = (
+                torch.randn(1, heads, failed_at, 64, device=device, dtype=dtype)
+                for _ in range(3)
+            )
             F.scaled_dot_product_attention(q, k, v)
             sync(device)
             report.line(f"F.scaled_dot_product_attention at T = {failed_at}: ran")
         except torch.OutOfMemoryError:
-            report.line(f"F.scaled_dot_product_attention at T = {failed_at}: also "
-                        "OutOfMemoryError")
+            report.line(
+                f"F.scaled_dot_product_attention at T = {failed_at}: also "
+                "OutOfMemoryError"
+            )
         finally:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -310,8 +400,11 @@ def check_out_of_memory(report: Report, device: torch.device, *, start: int,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--cpu-smoke", action="store_true",
-                        help="run every step at tiny sizes on the CPU (for tests)")
+    parser.add_argument(
+        "--cpu-smoke",
+        action="store_true",
+        help="run every step at tiny sizes on the CPU (for tests)",
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
     if args.cpu_smoke:
@@ -321,25 +414,39 @@ def main(argv: list[str] | None = None) -> int:
         oom = {"start": 64, "limit": 256, "heads": 2}
     elif torch.cuda.is_available():
         device = torch.device("cuda")
-        sizes = {"steps": 1500, "d_model": 384, "n_layers": 6, "batch": 64,
-                 "block": 256}
+        sizes = {
+            "steps": 1500,
+            "d_model": 384,
+            "n_layers": 6,
+            "batch": 64,
+            "block": 256,
+        }
         lengths, repeat = [1024, 2048, 4096, 8192, 16384], 20
         oom = {"start": 4096, "limit": 2**20, "heads": 32}
     else:
-        print("gpu-check: no CUDA GPU on this machine; nothing to check. Run `make "
-              "gpu-check` on a machine with an NVIDIA GPU (the chapters themselves use "
-              "one in Colab through get_device()).")
+        print(
+            "gpu-check: no CUDA GPU on this machine; nothing to check. Run `make "
+            "gpu-check` on a machine with an NVIDIA GPU (the chapters themselves use "
+            "one in Colab through get_device())."
+        )
         return 0
     if args.cpu_smoke and importlib.util.find_spec("triton") is not None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
     report = Report()
     start = time.perf_counter()
-    name = torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor()
-    report.lines += ["# GPU check results", "", (
-        f"Written by `tools/gpu_check.py` (`make gpu-check`) on "
-        f"{time.strftime('%Y-%m-%d')}: {name or device}, torch {torch.__version__}, "
-        f"CUDA {torch.version.cuda}, Python {platform.python_version()}.")]
+    name = (
+        torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor()
+    )
+    report.lines += [
+        "# GPU check results",
+        "",
+        (
+            f"Written by `tools/gpu_check.py` (`make gpu-check`) on "
+            f"{time.strftime('%Y-%m-%d')}: {name or device}, torch {torch.__version__}, "
+            f"CUDA {torch.version.cuda}, Python {platform.python_version()}."
+        ),
+    ]
     if importlib.util.find_spec("triton") is not None:
         import triton
 

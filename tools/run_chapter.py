@@ -29,7 +29,9 @@ def main() -> int:
     os.environ.setdefault("TRANSFORMER_COURSE_STATIC", "1")
     nb = jupytext.read(args.chapter)
     client = NotebookClient(
-        nb, timeout=args.timeout, kernel_name="python3",
+        nb,
+        timeout=args.timeout,
+        kernel_name="python3",
         resources={"metadata": {"path": str(args.chapter.resolve().parent)}},
     )
     start = time.perf_counter()

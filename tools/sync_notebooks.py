@@ -33,7 +33,7 @@ def repository() -> tuple[str, str]:
 
 
 def install_cell(url: str, branch: str) -> nbformat.NotebookNode:
-    source = f'''# Set-up: installs the course library when it is missing (e.g. in Colab);
+    source = f"""# Set-up: installs the course library when it is missing (e.g. in Colab);
 # does nothing where it is already installed. In Colab, pick a GPU under
 # Runtime -> Change runtime type; every chapter uses it when present.
 import importlib.util
@@ -45,7 +45,7 @@ if importlib.util.find_spec("transformer_course") is None:
         [sys.executable, "-m", "pip", "install", "-q",
          "transformer_course @ git+{url}@{branch}"],
         check=True,
-    )'''
+    )"""
     return nbformat.v4.new_code_cell(source, metadata={"tags": ["colab-setup"]})
 
 
@@ -54,8 +54,19 @@ _FENCE = re.compile(
     r"(?P<body>.*?)^(?P=fence)[ \t]*$",
     re.MULTILINE | re.DOTALL,
 )
-_ADMONITIONS = {"note", "tip", "important", "warning", "caution", "attention", "hint",
-                "admonition", "seealso", "danger", "error"}
+_ADMONITIONS = {
+    "note",
+    "tip",
+    "important",
+    "warning",
+    "caution",
+    "attention",
+    "hint",
+    "admonition",
+    "seealso",
+    "danger",
+    "error",
+}
 
 
 def _strip_options(body: str) -> tuple[dict[str, str], str]:
@@ -82,11 +93,15 @@ def _directive(match: re.Match) -> str:
         return f"$$\n{body}\n$$"
     if name in ("figure", "image"):
         return f"![{options.get('alt', arg)}]({arg})\n\n{body}"
-    if name == "literalinclude":  # the book shows library source; a notebook points to it
+    if (
+        name == "literalinclude"
+    ):  # the book shows library source; a notebook points to it
         what = options.get("pyobject", "the code")
         path = arg.removeprefix("../")
-        return (f"*The book shows the library's source of `{what}` (`{path}`) here; "
-                "in a notebook, `inspect.getsource` prints it.*")
+        return (
+            f"*The book shows the library's source of `{what}` (`{path}`) here; "
+            "in a notebook, `inspect.getsource` prints it.*"
+        )
     if name in ("bibliography",):
         return "See the book's references page for the full bibliography."
     return body

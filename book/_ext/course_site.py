@@ -43,13 +43,14 @@ def _add_link(app, pagename, templatename, context, doctree):
         return
     options = app.config.html_theme_options
     url = colab_url(
-        options.get("repository_url", ""), options.get("repository_branch", "main"),
+        options.get("repository_url", ""),
+        options.get("repository_branch", "main"),
         chapter,
     )
     link = (
         f'<p class="colab-link"><a class="reference external" href="{url}" '
         f'target="_blank" rel="noopener">Open this chapter in Colab</a> '
-        f'(runs the notebook <code>notebooks/{chapter}.ipynb</code>; '
+        f"(runs the notebook <code>notebooks/{chapter}.ipynb</code>; "
         "use Runtime &rarr; Change runtime type for a GPU)</p>\n"
     )
     context["body"] = link + context.get("body", "")
@@ -60,7 +61,8 @@ def _drop_thebe(app, pagename, templatename, context, doctree):
     if scripts is None:
         return
     context["script_files"] = [
-        js for js in scripts
+        js
+        for js in scripts
         if "thebe" not in str(getattr(js, "filename", js) or "")
         and "THEBE_JS_URL" not in str(getattr(js, "attributes", {}).get("body", ""))
     ]

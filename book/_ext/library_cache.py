@@ -54,7 +54,9 @@ def _per_library_cache(app, config) -> None:
     folder = library_dir(app.srcdir)
     value = library_hash(folder)
     config.course_library_hash = value
-    base = Path(config.nb_execution_cache_path or Path(app.outdir).parent / ".jupyter_cache")
+    base = Path(
+        config.nb_execution_cache_path or Path(app.outdir).parent / ".jupyter_cache"
+    )
     cache = base / f"library-{value}"
     if base.is_dir():  # caches of other library versions can never be used again
         for old in base.glob("library-*"):

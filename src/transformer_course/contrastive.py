@@ -32,8 +32,11 @@ MAX_LOGIT_SCALE = 100.0  # CLIP clips the scale 1 / temperature at 100
 
 
 def contrastive_loss(
-    image_emb: Tensor, text_emb: Tensor, logit_scale: Tensor | float,
-    *, symmetric: bool = True,
+    image_emb: Tensor,
+    text_emb: Tensor,
+    logit_scale: Tensor | float,
+    *,
+    symmetric: bool = True,
 ) -> Tensor:
     """Symmetric InfoNCE: pair i of the batch is the positive, the other B - 1 the
     negatives, for images and for texts.
@@ -63,7 +66,9 @@ def contrastive_loss(
         )
     scale = torch.as_tensor(logit_scale, dtype=image_emb.dtype, device=image_emb.device)
     if scale.numel() != 1 or not bool(scale > 0):
-        raise ValueError(f"logit_scale: expected one positive number, got {logit_scale}")
+        raise ValueError(
+            f"logit_scale: expected one positive number, got {logit_scale}"
+        )
     logits = scale * F.normalize(image_emb, dim=-1) @ F.normalize(text_emb, dim=-1).T
     labels = torch.arange(len(logits), device=logits.device)  # (B,): pair i is i
     image_to_text = F.cross_entropy(logits, labels)  # each image picks a caption
@@ -103,9 +108,16 @@ class DualEncoder(nn.Module):
     Source: Radford et al. 2021, section 2.4 (linear projections, no non-linearity).
     """
 
-    def __init__(self, cfg: TransformerConfig, image_size: tuple[int, int],
-                 patch_size: int, embed_dim: int = 64, *, learned_temperature=True,
-                 temperature: float = INIT_TEMPERATURE):
+    def __init__(
+        self,
+        cfg: TransformerConfig,
+        image_size: tuple[int, int],
+        patch_size: int,
+        embed_dim: int = 64,
+        *,
+        learned_temperature=True,
+        temperature: float = INIT_TEMPERATURE,
+    ):
         super().__init__()
         self.cfg = cfg
         self.image_encoder = ImageEncoder(cfg, image_size, patch_size, pool=True)
@@ -134,7 +146,9 @@ def recall_at_k(similarity: Tensor, target: Tensor, k: int = 1) -> float:
     Shapes: similarity (B, C) (queries x candidates), target (B,) int64 -> a float.
     """
     if similarity.dim() != 2 or target.shape != similarity.shape[:1]:
-        raise ValueError(f"similarity, target: expected (B, C) and (B,), got "
-                         f"{tuple(similarity.shape)} and {tuple(target.shape)}")
+        raise ValueError(
+            f"similarity, target: expected (B, C) and (B,), got "
+            f"{tuple(similarity.shape)} and {tuple(target.shape)}"
+        )
     top = similarity.topk(min(k, similarity.shape[1]), dim=-1).indices  # (B, k)
     return (top == target[:, None]).any(-1).float().mean().item()

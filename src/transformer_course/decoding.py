@@ -239,7 +239,11 @@ def generate(
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens: expected >= 0, got {max_new_tokens}")
     B = ids.shape[0]
-    keep = torch.ones_like(ids, dtype=torch.bool) if attention_mask is None else attention_mask
+    keep = (
+        torch.ones_like(ids, dtype=torch.bool)
+        if attention_mask is None
+        else attention_mask
+    )
     done = torch.zeros(B, dtype=torch.bool, device=ids.device)  # rows past their EOS
     caches = new_caches(model)
     step_in = ids  # the whole prompts first, then one token a step
@@ -281,8 +285,9 @@ def filter_logits(
 
     Sources: Fan et al. 2018 (top-k); Holtzman et al. 2020, section 3.1 (top-p).
     """
-    if top_k is not None and (isinstance(top_k, bool) or int(top_k) != top_k
-                              or top_k < 1):
+    if top_k is not None and (
+        isinstance(top_k, bool) or int(top_k) != top_k or top_k < 1
+    ):
         raise ValueError(f"top_k: expected an int >= 1, got {top_k!r}")
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p: expected a probability in (0, 1], got {top_p}")

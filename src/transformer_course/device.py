@@ -20,7 +20,10 @@ def _available(kind: str) -> bool:
     if kind == "cuda":
         return torch.cuda.is_available()
     if kind == "mps":
-        return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+        return (
+            bool(getattr(torch.backends, "mps", None))
+            and torch.backends.mps.is_available()
+        )
     return kind == "cpu"
 
 
@@ -49,7 +52,9 @@ def get_device(prefer: str | None = None) -> torch.device:
                 f"got {requested!r}"
             )
         if not _available(kind):
-            raise RuntimeError(f"device: {requested!r} was requested but is not available")
+            raise RuntimeError(
+                f"device: {requested!r} was requested but is not available"
+            )
         return torch.device(requested)
     for kind in _KNOWN:
         if _available(kind):

@@ -49,8 +49,11 @@ def split_digit_images(
     images, labels = _load_digits()
     perm = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
     n_train, n_valid = int(fractions[0] * len(perm)), int(fractions[1] * len(perm))
-    parts = {"train": perm[:n_train], "valid": perm[n_train : n_train + n_valid],
-             "test": perm[n_train + n_valid :]}
+    parts = {
+        "train": perm[:n_train],
+        "valid": perm[n_train : n_train + n_valid],
+        "test": perm[n_train + n_valid :],
+    }
     return {name: (images[idx], labels[idx]) for name, idx in parts.items()}
 
 
@@ -78,8 +81,10 @@ def number_images(
     """
     numbers = torch.as_tensor(numbers, dtype=torch.long).reshape(-1)  # (B,)
     if numbers.numel() and (numbers.min() < 0 or numbers.max() >= 10**n_cells):
-        raise ValueError(f"numbers: expected values in [0, {10**n_cells}), got "
-                         f"{numbers.min().item()} .. {numbers.max().item()}")
+        raise ValueError(
+            f"numbers: expected values in [0, {10**n_cells}), got "
+            f"{numbers.min().item()} .. {numbers.max().item()}"
+        )
     S, B = DIGIT_SIZE, len(numbers)
     pool = [torch.nonzero(labels == d).flatten() for d in range(10)]
     cells = torch.zeros(B, n_cells, S, S)  # (B, cells, 8, 8), cell n_cells-1 = units
@@ -96,7 +101,10 @@ def number_images(
             raise ValueError(f"labels: no image of the digit {d} to draw from")
         pick = pool[d][torch.randint(len(pool[d]), (len(rows),), generator=generator)]
         dy, dx = torch.randint(2 * shift + 1, (2, len(rows)), generator=generator)
-        crops = padded[pick[:, None, None], (dy[:, None, None] + ar[None, :, None]),
-                       (dx[:, None, None] + ar[None, None, :])]  # (M, 8, 8)
+        crops = padded[
+            pick[:, None, None],
+            (dy[:, None, None] + ar[None, :, None]),
+            (dx[:, None, None] + ar[None, None, :]),
+        ]  # (M, 8, 8)
         cells[rows, n_cells - 1 - ks] = crops
     return cells.permute(0, 2, 1, 3).reshape(B, S, n_cells * S)  # (B, 8, 8 * cells)

@@ -144,7 +144,9 @@ def padding_mask(
 
 def _check_bool(name: str, mask) -> None:
     if not isinstance(mask, Tensor):
-        raise TypeError(f"{name}: expected a bool torch.Tensor, got {type(mask).__name__}")
+        raise TypeError(
+            f"{name}: expected a bool torch.Tensor, got {type(mask).__name__}"
+        )
     if mask.dtype != torch.bool:
         raise TypeError(
             f"{name}: expected a bool mask (True = may attend), got dtype {mask.dtype}. "

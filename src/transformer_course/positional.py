@@ -12,7 +12,7 @@ Sources:
     Vaswani et al. 2017, "Attention Is All You Need", section 3.5 (sinusoidal encoding).
     Gehring et al. 2017, "Convolutional Sequence to Sequence Learning" (learned positions).
     Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding",
-    section 3.4, equations (13)-(15) (rotary embedding).
+    section 3.2, equations (13)-(16) (rotary embedding).
 """
 
 from __future__ import annotations
@@ -76,7 +76,11 @@ def _inv_freq(n_pairs: int, d: int, base: float, device=None) -> Tensor:
 
 
 def sinusoidal_encoding(
-    max_len: int, d_model: int, *, base: float = 10000.0, device=None,
+    max_len: int,
+    d_model: int,
+    *,
+    base: float = 10000.0,
+    device=None,
     dtype: torch.dtype = torch.float32,
 ) -> Tensor:
     """The sinusoidal table PE[pos, 2i] = sin(pos w_i), PE[pos, 2i+1] = cos(pos w_i),
@@ -102,7 +106,9 @@ def sinusoidal_encoding(
     _validation.positive_int("max_len", max_len)
     _validation.positive_int("d_model", d_model)
     pos = torch.arange(max_len, device=device, dtype=torch.float64)[:, None]  # (L, 1)
-    angles = pos * _inv_freq((d_model + 1) // 2, d_model, base, device)  # (L, ceil(D/2))
+    angles = pos * _inv_freq(
+        (d_model + 1) // 2, d_model, base, device
+    )  # (L, ceil(D/2))
     pe = torch.zeros(max_len, d_model, device=device, dtype=torch.float64)
     pe[:, 0::2] = torch.sin(angles)
     pe[:, 1::2] = torch.cos(angles[:, : d_model // 2])
@@ -168,7 +174,9 @@ class SinusoidalPositionalEncoding(nn.Module):
     def __init__(self, d_model: int, max_len: int = 4096, *, dropout: float = 0.0):
         super().__init__()
         self.d_model, self.max_len = d_model, max_len
-        self.register_buffer("pe", sinusoidal_encoding(max_len, d_model), persistent=False)
+        self.register_buffer(
+            "pe", sinusoidal_encoding(max_len, d_model), persistent=False
+        )
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
@@ -227,7 +235,9 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
         x1, x2 = x[..., :half], x[..., half:]
         return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
     x1, x2 = x[..., 0::2], x[..., 1::2]  # pairs (x_2i, x_2i+1), RoFormer / GPT-J
-    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (..., d/2, 2)
+    out = torch.stack(
+        (x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1
+    )  # (..., d/2, 2)
     return out.flatten(-2)  # (..., d)
 
 
@@ -243,8 +253,9 @@ def apply_rotary(
     Args:
         x: (..., T, d) with d even, e.g. (T, d), (B, T, d) or (B, H, T, d).
         positions: absolute integer positions (T,), or (B, T) for a batch (a head axis
-            of x is broadcast over); a negative position rotates backwards. With a KV cache pass ``position_ids(T,
-            offset=cache_len)``, never ``arange(T)`` (pitfall P16).
+            of x is broadcast over); a negative position rotates backwards. With a
+            KV cache pass ``position_ids(T, offset=cache_len)``, never ``arange(T)``
+            (pitfall P16).
         layout: which coordinates form a pair: ``"half"`` (x_i with x_{i+d/2}, as in
             GPT-NeoX and Hugging Face LLaMA) or ``"interleaved"`` (x_2i with x_2i+1, as
             in the RoFormer paper and GPT-J). The two are the same rotation up to a
@@ -259,7 +270,7 @@ def apply_rotary(
         TypeError / ValueError: non-float x, odd d, an unknown layout, or positions
         that do not match T.
 
-    Source: Su et al. 2021, section 3.4, equations (13)-(15).
+    Source: Su et al. 2021, section 3.2, equations (13)-(16).
     """
     if not isinstance(x, Tensor) or not x.dtype.is_floating_point:
         raise TypeError("x: expected a floating-point torch.Tensor")
@@ -292,7 +303,7 @@ class RotaryEmbedding(nn.Module):
     with fewer queries than keys and no query positions the queries are taken to be
     the *last* T positions (decoding with a KV cache). Returns ``(q_rot, k_rot)``.
 
-    Source: Su et al. 2021, section 3.4.
+    Source: Su et al. 2021, section 3.2.
     """
 
     def __init__(self, d_k: int, *, base: float = 10000.0, layout: str = "half"):
@@ -304,13 +315,20 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
         self.d_k, self.base, self.layout = d_k, base, layout
 
-    def forward(self, q: Tensor, k: Tensor, positions_q: Tensor | None = None,
-                positions_k: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        positions_q: Tensor | None = None,
+        positions_k: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
         t, s = q.shape[-2], k.shape[-2]
         if positions_k is None:
             positions_k = torch.arange(s, device=k.device)
         if positions_q is None:
-            positions_q = torch.arange(max(s - t, 0), max(s - t, 0) + t, device=q.device)
+            positions_q = torch.arange(
+                max(s - t, 0), max(s - t, 0) + t, device=q.device
+            )
         rot = {"layout": self.layout, "base": self.base}
         return apply_rotary(q, positions_q, **rot), apply_rotary(k, positions_k, **rot)
 

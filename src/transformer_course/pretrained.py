@@ -119,7 +119,9 @@ def embed_tokens(ids: Tensor) -> Tensor:
         raise ValueError(f"ids: expected shape (B, S), got {tuple(ids.shape)}")
     cfg = load_minilm_config()
     if ids.shape[1] > cfg["max_len"]:
-        raise ValueError(f"ids: expected at most {cfg['max_len']} tokens, got {ids.shape[1]}")
+        raise ValueError(
+            f"ids: expected at most {cfg['max_len']} tokens, got {ids.shape[1]}"
+        )
     sd = _state_dict()
     positions = torch.arange(ids.shape[1])
     x = (
@@ -128,8 +130,11 @@ def embed_tokens(ids: Tensor) -> Tensor:
         + sd["embeddings.token_type_embeddings.weight"][0]
     )  # (B, S, d_model)
     return F.layer_norm(
-        x, (cfg["d_model"],), sd["embeddings.LayerNorm.weight"],
-        sd["embeddings.LayerNorm.bias"], cfg["layer_norm_eps"],
+        x,
+        (cfg["d_model"],),
+        sd["embeddings.LayerNorm.weight"],
+        sd["embeddings.LayerNorm.bias"],
+        cfg["layer_norm_eps"],
     )
 
 
@@ -225,7 +230,11 @@ class MiniLMEncoder(nn.Module):
         self.embed_norm = nn.LayerNorm(d, eps=cfg["layer_norm_eps"])
         self.layers = nn.ModuleList(
             TransformerLayer(  # BERT: post-LN, exact (erf) GELU
-                d, cfg["n_heads"], cfg["d_ff"], norm_first=False, activation="gelu",
+                d,
+                cfg["n_heads"],
+                cfg["d_ff"],
+                norm_first=False,
+                activation="gelu",
                 eps=cfg["layer_norm_eps"],
             )
             for _ in range(cfg["n_layers"])

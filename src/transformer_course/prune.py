@@ -225,9 +225,7 @@ def remove_ffn_neurons(model, amount: float):
 def linear_weights(model) -> list[tuple[nn.Module, str]]:
     """(module, "weight") of every ``nn.Linear`` in the Transformer layers: the
     parameters that ``torch.nn.utils.prune.global_unstructured`` takes."""
-    return [
-        (m, "weight") for m in model.layers.modules() if isinstance(m, nn.Linear)
-    ]
+    return [(m, "weight") for m in model.layers.modules() if isinstance(m, nn.Linear)]
 
 
 def global_magnitude_prune(model, amount: float) -> list[tuple[nn.Module, str]]:

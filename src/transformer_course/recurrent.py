@@ -67,11 +67,16 @@ def copy_batch(
     Raises:
         ValueError: a size below its minimum, naming the argument.
     """
-    for name, value, low in (("batch_size", batch_size, 1), ("length", length, 1),
-                             ("vocab_size", vocab_size, FIRST_SYMBOL + 1)):
+    for name, value, low in (
+        ("batch_size", batch_size, 1),
+        ("length", length, 1),
+        ("vocab_size", vocab_size, FIRST_SYMBOL + 1),
+    ):
         if not isinstance(value, int) or value < low:
             raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
-    src = torch.randint(FIRST_SYMBOL, vocab_size, (batch_size, length), generator=generator)
+    src = torch.randint(
+        FIRST_SYMBOL, vocab_size, (batch_size, length), generator=generator
+    )
     tgt = torch.cat([torch.full((batch_size, 1), BOS_ID), src], dim=1)
     return src.to(device), tgt.to(device)
 
@@ -92,8 +97,9 @@ def copy_batches(
         raise ValueError(f"max_len: expected >= min_len = {min_len}, got {max_len}")
     while True:
         length = int(torch.randint(min_len, max_len + 1, (1,), generator=generator))
-        yield copy_batch(batch_size, length, vocab_size, generator=generator,
-                         device=device)
+        yield copy_batch(
+            batch_size, length, vocab_size, generator=generator, device=device
+        )
 
 
 class LSTMSeq2Seq(nn.Module):
@@ -125,8 +131,16 @@ class LSTMSeq2Seq(nn.Module):
     Luong et al. 2015 (section 3.1, attention from the current state).
     """
 
-    def __init__(self, vocab_size: int, d_embed: int, d_hidden: int, *,
-                 attention: bool = False, d_attn: int = 32, n_layers: int = 1):
+    def __init__(
+        self,
+        vocab_size: int,
+        d_embed: int,
+        d_hidden: int,
+        *,
+        attention: bool = False,
+        d_attn: int = 32,
+        n_layers: int = 1,
+    ):
         super().__init__()
         self.vocab_size, self.attention = vocab_size, attention
         self.embed = nn.Embedding(vocab_size, d_embed)
@@ -143,20 +157,27 @@ class LSTMSeq2Seq(nn.Module):
     def _check(self, name: str, ids) -> None:
         if not isinstance(ids, Tensor) or ids.dtype not in (torch.int32, torch.int64):
             what = ids.dtype if isinstance(ids, Tensor) else type(ids).__name__
-            raise TypeError(f"{name}: expected an integer tensor of token ids, got {what}")
+            raise TypeError(
+                f"{name}: expected an integer tensor of token ids, got {what}"
+            )
         if ids.dim() != 2 or ids.shape[1] == 0:
-            raise ValueError(f"{name}: expected shape (B, L) with L >= 1, "
-                             f"got {tuple(ids.shape)}")
+            raise ValueError(
+                f"{name}: expected shape (B, L) with L >= 1, got {tuple(ids.shape)}"
+            )
         if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
-            raise ValueError(f"{name}: expected ids in [0, {self.vocab_size}), got ids "
-                             f"from {int(ids.min())} to {int(ids.max())}")
+            raise ValueError(
+                f"{name}: expected ids in [0, {self.vocab_size}), got ids "
+                f"from {int(ids.min())} to {int(ids.max())}"
+            )
 
     def encode(self, src: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         self._check("src", src)
         memory, state = self.encoder(self.embed(src))  # (B, S, H), 2 x (layers, B, H)
         return memory, state
 
-    def decode(self, tgt: Tensor, memory: Tensor, state: tuple[Tensor, Tensor]) -> Tensor:
+    def decode(
+        self, tgt: Tensor, memory: Tensor, state: tuple[Tensor, Tensor]
+    ) -> Tensor:
         self._check("tgt", tgt)
         dec, _ = self.decoder(self.embed(tgt), state)  # (B, T, H)
         if not self.attention:
@@ -215,8 +236,9 @@ def copy_accuracy(
     """
     was_training = model.training
     model.eval()
-    src, tgt = copy_batch(batch_size, length, vocab_size, generator=generator,
-                          device=device)
+    src, tgt = copy_batch(
+        batch_size, length, vocab_size, generator=generator, device=device
+    )
     predicted = model(src, tgt[:, :-1]).argmax(-1)  # (B, L)
     model.train(was_training)
     return (predicted == tgt[:, 1:]).float().mean().item()

@@ -137,8 +137,9 @@ def _grad_norm(params: list[nn.Parameter]) -> Tensor:
     """The global L2 norm of the gradients (as ``clip_grad_norm_`` computes it)."""
     if not params:
         return torch.zeros(())
-    norms = [torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float32)
-             for p in params]
+    norms = [
+        torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float32) for p in params
+    ]
     return torch.linalg.vector_norm(torch.stack(norms))
 
 

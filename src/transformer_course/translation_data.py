@@ -143,8 +143,12 @@ def make_translation_data(
         k: [number_words(n, target_lang) for n in v] for k, v in numbers.items()
     }
     every = max(1, len(numbers["train"]) // TOKENIZER_TEXTS)  # a sample is enough
-    src_tok = _make_tokenizer(src_tokenizer, src_texts["train"][::every], tgt_vocab_size)
-    tgt_tok = _make_tokenizer(tgt_tokenizer, tgt_texts["train"][::every], tgt_vocab_size)
+    src_tok = _make_tokenizer(
+        src_tokenizer, src_texts["train"][::every], tgt_vocab_size
+    )
+    tgt_tok = _make_tokenizer(
+        tgt_tokenizer, tgt_texts["train"][::every], tgt_vocab_size
+    )
     src_ids = {k: src_tok.encode_batch(v) for k, v in src_texts.items()}
     tgt_ids = {
         k: [[BOS_ID, *ids, EOS_ID] for ids in tgt_tok.encode_batch(v)]

@@ -65,10 +65,22 @@ def _build_kernel():
 
     @triton.jit
     def flash_fwd(
-        Q, K, V, O, KEEP,  # pointers: q, k, v, out (B*H, len, d); keep (B, S) int8
-        scale, T, S, H, D,  # runtime sizes
-        HAS_KEEP: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+        Q,
+        K,
+        V,
+        O,
+        KEEP,  # pointers: q, k, v, out (B*H, len, d); keep (B, S) int8
+        scale,
+        T,
+        S,
+        H,
+        D,  # runtime sizes
+        HAS_KEEP: tl.constexpr,
+        CAUSAL: tl.constexpr,
+        PRECISION: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_D: tl.constexpr,
     ):
         pid_m = tl.program_id(0)  # which block of queries
         bh = tl.program_id(1)  # which (batch, head) pair
@@ -76,8 +88,11 @@ def _build_kernel():
         offs_n = tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d[None, :] < D
-        q = tl.load(Q + bh * T * D + offs_m[:, None] * D + offs_d[None, :],
-                    mask=(offs_m[:, None] < T) & d_ok, other=0.0)  # (BLOCK_M, BLOCK_D)
+        q = tl.load(
+            Q + bh * T * D + offs_m[:, None] * D + offs_d[None, :],
+            mask=(offs_m[:, None] < T) & d_ok,
+            other=0.0,
+        )  # (BLOCK_M, BLOCK_D)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max
         l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)  # unnormalised output
@@ -87,8 +102,9 @@ def _build_kernel():
         for start_n in range(0, end, BLOCK_N):
             n = start_n + offs_n
             kv_ok = (n[:, None] < S) & d_ok
-            k = tl.load(K + bh * S * D + n[:, None] * D + offs_d[None, :],
-                        mask=kv_ok, other=0.0)  # (BLOCK_N, BLOCK_D)
+            k = tl.load(
+                K + bh * S * D + n[:, None] * D + offs_d[None, :], mask=kv_ok, other=0.0
+            )  # (BLOCK_N, BLOCK_D)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
             keep = (n[None, :] < S) & (offs_m[:, None] >= 0)  # (BLOCK_M, BLOCK_N)
             if HAS_KEEP:
@@ -102,14 +118,18 @@ def _build_kernel():
             p = tl.exp(s - m_safe[:, None])  # masked keys: exp(-inf) = 0
             alpha = tl.exp(m_i - m_safe)  # rescale what was accumulated so far
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V + bh * S * D + n[:, None] * D + offs_d[None, :],
-                        mask=kv_ok, other=0.0)  # (BLOCK_N, BLOCK_D)
+            v = tl.load(
+                V + bh * S * D + n[:, None] * D + offs_d[None, :], mask=kv_ok, other=0.0
+            )  # (BLOCK_N, BLOCK_D)
             pv = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # (BM, BD)
             acc = acc * alpha[:, None] + pv
             m_i = m_new
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # rows with no key stay 0
-        tl.store(O + bh * T * D + offs_m[:, None] * D + offs_d[None, :],
-                 out.to(O.dtype.element_ty), mask=(offs_m[:, None] < T) & d_ok)
+        tl.store(
+            O + bh * T * D + offs_m[:, None] * D + offs_d[None, :],
+            out.to(O.dtype.element_ty),
+            mask=(offs_m[:, None] < T) & d_ok,
+        )
 
     return triton, flash_fwd
 
@@ -153,7 +173,9 @@ def flash_attention(
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, Tensor) or x.dtype not in (
-            torch.float32, torch.float16, torch.bfloat16
+            torch.float32,
+            torch.float16,
+            torch.bfloat16,
         ):
             raise TypeError(f"{name}: expected a float32/float16/bfloat16 tensor")
         if x.dim() != 4:
@@ -205,15 +227,25 @@ def flash_attention(
     kc = k.reshape(b * h, s, d).contiguous()  # (B*H, S, d)
     vc = v.reshape(b * h, s, d).contiguous()  # (B*H, S, d)
     out = torch.empty_like(qc)  # (B*H, T, d)
-    keep = (key_mask if key_mask is not None else torch.ones(1, 1, dtype=torch.bool))
+    keep = key_mask if key_mask is not None else torch.ones(1, 1, dtype=torch.bool)
     keep = keep.to(device=q.device, dtype=torch.int8).contiguous()  # (B, S)
     grid = (triton.cdiv(t, block_m), b * h)
     kernel[grid](
-        qc, kc, vc, out, keep,
-        1.0 / math.sqrt(d) if scale is None else float(scale), t, s, h, d,
-        HAS_KEEP=key_mask is not None, CAUSAL=bool(causal),
+        qc,
+        kc,
+        vc,
+        out,
+        keep,
+        1.0 / math.sqrt(d) if scale is None else float(scale),
+        t,
+        s,
+        h,
+        d,
+        HAS_KEEP=key_mask is not None,
+        CAUSAL=bool(causal),
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
         BLOCK_D=max(16, triton.next_power_of_2(d)),
     )
     return out.view(b, h, t, d).to(dtype)  # (B, H, T, d)

@@ -70,19 +70,25 @@ class PatchEmbedding(nn.Module):
         super().__init__()
         H, W = image_size
         if H % patch_size or W % patch_size:
-            raise ValueError(f"patch_size: expected a divisor of {image_size}, "
-                             f"got {patch_size}")
+            raise ValueError(
+                f"patch_size: expected a divisor of {image_size}, got {patch_size}"
+            )
         self.image_size, self.patch_size = (H, W), patch_size
         self.grid = (H // patch_size, W // patch_size)  # (rows, cols) of patches
         self.proj = nn.Linear(patch_size * patch_size, d_model)
-        self.positions = nn.Parameter(torch.randn(self.grid[0] * self.grid[1], d_model)
-                                      * 0.02)  # (N, D)
+        self.positions = nn.Parameter(
+            torch.randn(self.grid[0] * self.grid[1], d_model) * 0.02
+        )  # (N, D)
 
     def forward(self, images: Tensor) -> Tensor:
         if images.dim() != 3 or tuple(images.shape[1:]) != self.image_size:
-            raise ValueError(f"images: expected shape (B, {self.image_size[0]}, "
-                             f"{self.image_size[1]}), got {tuple(images.shape)}")
-        return self.proj(patchify(images, self.patch_size)) + self.positions  # (B, N, D)
+            raise ValueError(
+                f"images: expected shape (B, {self.image_size[0]}, "
+                f"{self.image_size[1]}), got {tuple(images.shape)}"
+            )
+        return (
+            self.proj(patchify(images, self.patch_size)) + self.positions
+        )  # (B, N, D)
 
 
 class ImageEncoder(nn.Module):
@@ -95,8 +101,14 @@ class ImageEncoder(nn.Module):
     ``forward(images)``: (B, H, W) -> (B, N, D), or (B, 1, D) when pooled.
     """
 
-    def __init__(self, cfg: TransformerConfig, image_size: tuple[int, int],
-                 patch_size: int, *, pool: bool = False):
+    def __init__(
+        self,
+        cfg: TransformerConfig,
+        image_size: tuple[int, int],
+        patch_size: int,
+        *,
+        pool: bool = False,
+    ):
         super().__init__()
         self.patches = PatchEmbedding(image_size, patch_size, cfg.d_model)
         encoder = Encoder(cfg)  # reuse its layers and final norm, not its embedding
@@ -126,8 +138,14 @@ class Captioner(nn.Module):
     decoder of Vaswani et al. 2017.
     """
 
-    def __init__(self, cfg: TransformerConfig, image_size: tuple[int, int],
-                 patch_size: int, *, pool: bool = False):
+    def __init__(
+        self,
+        cfg: TransformerConfig,
+        image_size: tuple[int, int],
+        patch_size: int,
+        *,
+        pool: bool = False,
+    ):
         super().__init__()
         self.cfg = cfg
         self.encoder = ImageEncoder(cfg, image_size, patch_size, pool=pool)
@@ -138,8 +156,14 @@ class Captioner(nn.Module):
 
     def encode(self, images: Tensor) -> tuple[Tensor, Tensor]:
         memory = self.encoder(images)  # (B, N, D)
-        mask = torch.ones(memory.shape[0], 1, 1, memory.shape[1], dtype=torch.bool,
-                          device=memory.device)  # (B, 1, 1, N): every patch visible
+        mask = torch.ones(
+            memory.shape[0],
+            1,
+            1,
+            memory.shape[1],
+            dtype=torch.bool,
+            device=memory.device,
+        )  # (B, 1, 1, N): every patch visible
         return memory, mask
 
     def decode(self, tgt: Tensor, memory: Tensor, mask: Tensor, *, caches=None):
@@ -166,9 +190,11 @@ def cross_attention(model: Captioner, images: Tensor, tgt: Tensor) -> Tensor:
     """
     found: list[Tensor] = []
     layer = model.decoder.layers[-1]
-    hooks = [m.register_forward_hook(lambda _m, _i, out: found.append(out[1]))
-             for name, m in layer.named_modules()
-             if isinstance(m, MultiHeadAttention) and "cross" in name]
+    hooks = [
+        m.register_forward_hook(lambda _m, _i, out: found.append(out[1]))
+        for name, m in layer.named_modules()
+        if isinstance(m, MultiHeadAttention) and "cross" in name
+    ]
     try:
         model.eval()
         model(images, tgt)
@@ -176,8 +202,10 @@ def cross_attention(model: Captioner, images: Tensor, tgt: Tensor) -> Tensor:
         for h in hooks:
             h.remove()
     if not found or found[-1] is None:
-        raise RuntimeError("cross_attention: no weights recorded; use the 'naive' "
-                           "attention backend (set_attention_backend)")
+        raise RuntimeError(
+            "cross_attention: no weights recorded; use the 'naive' "
+            "attention backend (set_attention_backend)"
+        )
     return found[-1].mean(dim=1)  # (B, T, N)
 
 
@@ -186,7 +214,8 @@ def cell_of_patch(grid: tuple[int, int], n_cells: int) -> Tensor:
     ``n_cells`` square cells side by side. Shapes: -> (N,) int64, N = rows * cols."""
     rows, cols = grid
     if cols % n_cells:
-        raise ValueError(f"n_cells: expected a divisor of {cols} patch columns, "
-                         f"got {n_cells}")
+        raise ValueError(
+            f"n_cells: expected a divisor of {cols} patch columns, got {n_cells}"
+        )
     col = torch.arange(rows * cols) % cols  # row-major patch order
     return col // (cols // n_cells)  # (N,)

@@ -24,29 +24,63 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Build and grade otter assignments.")
     sub = parser.add_subparsers(dest="command", required=True)
     a = sub.add_parser("assign", help="build dist/assignments/<chapter>/")
-    a.add_argument("--chapters", nargs="*",
-                   help="chapter numbers (2 or 02) or names (default: all)")
-    a.add_argument("--only", nargs="*", help="exercise labels to include (default: all)")
-    a.add_argument("--points", nargs="*", help="LABEL=N, points of one exercise (default 1)")
-    a.add_argument("--out", default=str(ROOT / "dist" / "assignments"),
-                   help="where the assignments go (default dist/assignments)")
-    a.add_argument("--no-run-tests", action="store_true",
-                   help="skip otter's run of the reference solutions")
+    a.add_argument(
+        "--chapters",
+        nargs="*",
+        help="chapter numbers (2 or 02) or names (default: all)",
+    )
+    a.add_argument(
+        "--only", nargs="*", help="exercise labels to include (default: all)"
+    )
+    a.add_argument(
+        "--points", nargs="*", help="LABEL=N, points of one exercise (default 1)"
+    )
+    a.add_argument(
+        "--out",
+        default=str(ROOT / "dist" / "assignments"),
+        help="where the assignments go (default dist/assignments)",
+    )
+    a.add_argument(
+        "--no-run-tests",
+        action="store_true",
+        help="skip otter's run of the reference solutions",
+    )
     g = sub.add_parser("grade", help="grade a folder of submitted notebooks or zips")
     g.add_argument("submissions")
-    g.add_argument("--assignments", default=str(ROOT / "dist" / "assignments"),
-                   help="the folder `assign` wrote (default dist/assignments)")
-    g.add_argument("--assignment", help="assignment of notebooks without otter metadata")
+    g.add_argument(
+        "--assignments",
+        default=str(ROOT / "dist" / "assignments"),
+        help="the folder `assign` wrote (default dist/assignments)",
+    )
+    g.add_argument(
+        "--assignment", help="assignment of notebooks without otter metadata"
+    )
     g.add_argument("--out", help="results folder (default dist/grades/<time>)")
-    g.add_argument("--sandbox", choices=BACKENDS, default="auto",
-                   help="where the learners' code runs: bubblewrap (auto: refuses when it "
-                        "cannot run here) or none (unconfined; every grades file says so)")
-    g.add_argument("--timeout", type=float, default=600,
-                   help="seconds for one submission's otter run (and for its re-check)")
-    g.add_argument("--call-timeout", type=float, default=60,
-                   help="seconds for one call of a learner's function in the re-check")
-    g.add_argument("--memory", type=int, default=4096,
-                   help="MiB of address space for each process of the learner's code")
+    g.add_argument(
+        "--sandbox",
+        choices=BACKENDS,
+        default="auto",
+        help="where the learners' code runs: bubblewrap (auto: refuses when it "
+        "cannot run here) or none (unconfined; every grades file says so)",
+    )
+    g.add_argument(
+        "--timeout",
+        type=float,
+        default=600,
+        help="seconds for one submission's otter run (and for its re-check)",
+    )
+    g.add_argument(
+        "--call-timeout",
+        type=float,
+        default=60,
+        help="seconds for one call of a learner's function in the re-check",
+    )
+    g.add_argument(
+        "--memory",
+        type=int,
+        default=4096,
+        help="MiB of address space for each process of the learner's code",
+    )
     g.add_argument("--jobs", type=int, default=1, help="submissions graded at once")
     args = parser.parse_args(argv)
     return assign(args) if args.command == "assign" else grade(args)

@@ -37,8 +37,12 @@ DIRECTIVE = re.compile(
     r"(?P<body>.*?)^(?P=fence)[ \t]*$",
     re.MULTILINE | re.DOTALL,
 )
-CODE_CELL = re.compile(r"^```\{code-cell\}[^\n]*\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
-PYTHON_BLOCK = re.compile(r"^```python[ \t]*\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+CODE_CELL = re.compile(
+    r"^```\{code-cell\}[^\n]*\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL
+)
+PYTHON_BLOCK = re.compile(
+    r"^```python[ \t]*\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL
+)
 DEFAULT_POINTS = 1
 
 
@@ -106,7 +110,9 @@ def parse_chapter(path: Path) -> list[Exercise]:
     order: list[tuple[int, int, Exercise]] = []
     for m in DIRECTIVE.finditer(text):
         options, body = _options(m["body"])
-        label = options.get("label", "") if m["name"] == "exercise" else m["arg"].strip()
+        label = (
+            options.get("label", "") if m["name"] == "exercise" else m["arg"].strip()
+        )
         if m["name"] == "exercise":
             ex = Exercise(chapter, label, m["arg"].strip() or "Exercise", body)
             exercises[label] = ex
@@ -138,8 +144,10 @@ def chapters(selected: list[str] | None = None) -> list[Path]:
         key = s.zfill(2) if s.isdigit() else s.removesuffix(".md").removeprefix("book/")
         match = [p for p in paths if p.stem == key or p.stem.startswith(key + "_")]
         if not match:
-            raise SystemExit(f"--chapters: no chapter {s!r}; valid: "
-                             + ", ".join(p.stem for p in paths))
+            raise SystemExit(
+                f"--chapters: no chapter {s!r}; valid: "
+                + ", ".join(p.stem for p in paths)
+            )
         chosen += [p for p in match if p not in chosen]
     return chosen
 
@@ -168,7 +176,9 @@ def _test_cell(ex: Exercise, hidden: bool, points: float) -> nbformat.NotebookNo
     """The public test (0 points) and the hidden test (the points) both assert the
     self-check, so a public test never passes where the self-check beside it fails."""
     params = ", ".join(ex.functions)
-    call_args = ", ".join(ex.functions + tuple(f"{k}={v!r}" for k, v in ex.kwargs.items()))
+    call_args = ", ".join(
+        ex.functions + tuple(f"{k}={v!r}" for k, v in ex.kwargs.items())
+    )
     kind = "hidden" if hidden else "public"
     return _code(
         f'""" # BEGIN TEST CONFIG\nhidden: {str(hidden).lower()}\npoints: {points}\n'
@@ -183,18 +193,27 @@ def _solution_cell(ex: Exercise) -> nbformat.NotebookNode:
     """The reference solution (stripped by otter) and, for the student, the stub."""
     stub = ex.stub
     tree = ast.parse(stub)
-    check_lines = [ast.get_source_segment(stub, n) for n in tree.body
-                   if not isinstance(n, (ast.FunctionDef, ast.Import, ast.ImportFrom))]
-    defs = "\n\n".join(ast.get_source_segment(stub, n) for n in tree.body
-                       if isinstance(n, ast.FunctionDef))
+    check_lines = [
+        ast.get_source_segment(stub, n)
+        for n in tree.body
+        if not isinstance(n, (ast.FunctionDef, ast.Import, ast.ImportFrom))
+    ]
+    defs = "\n\n".join(
+        ast.get_source_segment(stub, n)
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef)
+    )
     prompt = '""" # BEGIN PROMPT\n' + defs + '\n"""  # END PROMPT'
-    source = f"# BEGIN SOLUTION NO PROMPT\n{ex.solution_code}\n# END SOLUTION\n{prompt}\n\n"
+    source = (
+        f"# BEGIN SOLUTION NO PROMPT\n{ex.solution_code}\n# END SOLUTION\n{prompt}\n\n"
+    )
     source += "\n".join(line.rstrip(";") + ";" for line in check_lines if line)
     return _code(source)
 
 
-def master_notebook(path: Path, exercises: list[Exercise],
-                    points: dict[str, float]) -> nbformat.NotebookNode:
+def master_notebook(
+    path: Path, exercises: list[Exercise], points: dict[str, float]
+) -> nbformat.NotebookNode:
     url, _ = repository()
     branch = commit()  # the library exactly as it was when the assignment was built
     title = path.read_text(encoding="utf-8").split("\n# ", 1)[1].split("\n", 1)[0]
@@ -223,13 +242,17 @@ def master_notebook(path: Path, exercises: list[Exercise],
     )
     cells = [
         _raw("# ASSIGNMENT CONFIG\n" + yaml.safe_dump(config, sort_keys=False)),
-        _md(f"# Exercises: {title}\n\n"
+        _md(
+            f"# Exercises: {title}\n\n"
             "Replace each `raise NotImplementedError(...)` with your code, run the cell, "
             "and read its self-check; `grader.check(...)` runs the public tests. "
-            "The chapter this comes from explains everything you need."),
+            "The chapter this comes from explains everything you need."
+        ),
         _code(setup),
         _code(first_code_cell(path)),
-        _code(f'# Initialize Otter\nimport otter\ngrader = otter.Notebook("{path.stem}.ipynb")'),
+        _code(
+            f'# Initialize Otter\nimport otter\ngrader = otter.Notebook("{path.stem}.ipynb")'
+        ),
     ]
     for ex in exercises:
         pts = points.get(ex.label, DEFAULT_POINTS)
@@ -246,8 +269,11 @@ def master_notebook(path: Path, exercises: list[Exercise],
             _raw("# END QUESTION"),
         ]
     nb = nbformat.v4.new_notebook(cells=cells)
-    nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)",
-                                 "language": "python", "name": "python3"}
+    nb.metadata["kernelspec"] = {
+        "display_name": "Python 3 (ipykernel)",
+        "language": "python",
+        "name": "python3",
+    }
     return nb
 
 
@@ -265,14 +291,21 @@ def _points(items: list[str] | None) -> dict[str, float]:
 def _unknown(option: str, asked, valid: list[str]) -> None:
     bad = [x for x in asked if x not in valid]
     if bad:
-        raise SystemExit(f"{option}: no coding exercise {', '.join(map(repr, bad))} in the "
-                         f"chosen chapters; valid labels: {', '.join(valid)}")
+        raise SystemExit(
+            f"{option}: no coding exercise {', '.join(map(repr, bad))} in the "
+            f"chosen chapters; valid labels: {', '.join(valid)}"
+        )
 
 
 def commit() -> str:
     """The commit of the repository that builds the assignment (the library it pins)."""
-    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                          text=True, check=False)
+    done = subprocess.run(
+        ["git", "rev-parse", "HEAD"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     return done.stdout.strip() if done.returncode == 0 else repository()[1]
 
 
@@ -296,35 +329,56 @@ def assign(args: argparse.Namespace) -> int:
         master = out / "master" / f"{path.stem}.ipynb"
         master.parent.mkdir()
         nbformat.write(master_notebook(path, exercises, points), master)
-        cmd = [sys.executable, "-m", "otter", "assign", "--no-pdfs", str(master), str(out)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "otter",
+            "assign",
+            "--no-pdfs",
+            str(master),
+            str(out),
+        ]
         if args.no_run_tests:
             cmd.append("--no-run-tests")
         start = time.perf_counter()
-        done = subprocess.run(cmd, cwd=master.parent, capture_output=True, text=True,
-                              check=False)
+        done = subprocess.run(
+            cmd, cwd=master.parent, capture_output=True, text=True, check=False
+        )
         if done.returncode != 0:
             print(done.stdout[-3000:], done.stderr[-3000:], sep="\n", file=sys.stderr)
             print(f"otter assign failed for {path.stem}", file=sys.stderr)
             return 1
-        spec = {"assignment": path.stem, "questions": [
-            {"name": ex.name, "label": ex.label, "points": points.get(ex.label, DEFAULT_POINTS),
-             "check": ex.check, "module": check_module(ex.check), "functions": list(ex.functions), "kwargs": ex.kwargs}
-            for ex in exercises
-        ]}
+        spec = {
+            "assignment": path.stem,
+            "questions": [
+                {
+                    "name": ex.name,
+                    "label": ex.label,
+                    "points": points.get(ex.label, DEFAULT_POINTS),
+                    "check": ex.check,
+                    "module": check_module(ex.check),
+                    "functions": list(ex.functions),
+                    "kwargs": ex.kwargs,
+                }
+                for ex in exercises
+            ],
+        }
         (out / "grading.json").write_text(json.dumps(spec, indent=2))
         embed_public_tests(out / "student" / f"{path.stem}.ipynb")
         # the copies with solutions get names that cannot be mistaken for the handout
-        for copy, new in ((out / "autograder" / f"{path.stem}.ipynb", "SOLUTIONS"),
-                          (master, "master-SOLUTIONS")):
+        for copy, new in (
+            (out / "autograder" / f"{path.stem}.ipynb", "SOLUTIONS"),
+            (master, "master-SOLUTIONS"),
+        ):
             if copy.exists():
                 copy.rename(copy.with_name(f"{path.stem}-{new}.ipynb"))
         zips = sorted((out / "autograder").glob("*.zip"))
         total = sum(q["points"] for q in spec["questions"])
-        print(f"{path.stem}: {len(exercises)} questions, {total:g} points, "
-              f"{time.perf_counter() - start:.0f} s -> {out.relative_to(out_root.parent)}/"
-              f"student/{path.stem}.ipynb, autograder/{zips[0].name if zips else '?'}")
+        print(
+            f"{path.stem}: {len(exercises)} questions, {total:g} points, "
+            f"{time.perf_counter() - start:.0f} s -> {out.relative_to(out_root.parent)}/"
+            f"student/{path.stem}.ipynb, autograder/{zips[0].name if zips else '?'}"
+        )
         built.append(path.stem)
     print(f"assignments in {out_root}: {', '.join(built) or 'none'}")
     return 0
-
-

@@ -13,8 +13,10 @@ def flags(result: dict, spec: dict) -> list[str]:
         notes.append(setup["message"])
     for err in setup.get("errors", []):
         if err.get("denied"):
-            notes.append(f"blocked by the sandbox or a limit: code cell {err['cell']}: "
-                         f"{err['type']}: {err['message']}"[:300])
+            notes.append(
+                f"blocked by the sandbox or a limit: code cell {err['cell']}: "
+                f"{err['type']}: {err['message']}"[:300]
+            )
     for cmd in setup.get("stray", []):
         notes.append(f"left a process running after its cells: {cmd}"[:300])
     for q in spec["questions"]:
@@ -22,11 +24,15 @@ def flags(result: dict, spec: dict) -> list[str]:
         otter = result["otter"].get(name, 0.0)
         re = float(result["recheck"].get(name, {}).get("score", 0.0))
         if otter > re:
-            notes.append(f"{name}: otter gave {otter:g} but the isolated re-check {re:g}")
+            notes.append(
+                f"{name}: otter gave {otter:g} but the isolated re-check {re:g}"
+            )
         missing = result["recheck"].get(name, {}).get("missing")
         if missing:
             notes.append(f"{name}: {missing}")
-    return notes  # graded without a sandbox: the "sandbox" column and warnings.txt say so
+    return (
+        notes  # graded without a sandbox: the "sandbox" column and warnings.txt say so
+    )
 
 
 def feedback(result: dict, spec: dict) -> str:
@@ -35,17 +41,33 @@ def feedback(result: dict, spec: dict) -> str:
     possible = sum(float(q["points"]) for q in spec["questions"])
     lines += [f"Total: {total:g} / {possible:g}", ""]
     if result["status"] != "ok":
-        lines += [(f"**{result['status']}**: no question of this notebook could be graded "
-                   "by otter; every question scores 0."), ""]
+        lines += [
+            (
+                f"**{result['status']}**: no question of this notebook could be graded "
+                "by otter; every question scores 0."
+            ),
+            "",
+        ]
     errors = result["recheck"].get("_setup", {}).get("errors", [])
     if errors:
-        lines += [("Cells that raised while running your notebook (code cells counted from "
-                  "1, top to bottom):"), ""]
-        lines += [f"- code cell {e['cell']}: {e['type']}: {e['message']}"[:400] for e in errors]
+        lines += [
+            (
+                "Cells that raised while running your notebook (code cells counted from "
+                "1, top to bottom):"
+            ),
+            "",
+        ]
+        lines += [
+            f"- code cell {e['cell']}: {e['type']}: {e['message']}"[:400]
+            for e in errors
+        ]
         lines += [""]
     for q in spec["questions"]:
         name = q["name"]
-        lines += [f"## {q['label']}: {result['scores'][name]:g} / {float(q['points']):g}", ""]
+        lines += [
+            f"## {q['label']}: {result['scores'][name]:g} / {float(q['points']):g}",
+            "",
+        ]
         rechecked = result["recheck"].get(name, {})
         if rechecked.get("missing"):
             lines += [f"Expected function missing: {rechecked['missing']}.", ""]
@@ -56,7 +78,9 @@ def feedback(result: dict, spec: dict) -> str:
                 if out.strip():
                     lines += ["otter:", "```", out.strip(), "```", ""]
     if result["flags"]:
-        lines += ["## Flags for the instructor", ""] + [f"- {f}" for f in result["flags"]]
+        lines += ["## Flags for the instructor", ""] + [
+            f"- {f}" for f in result["flags"]
+        ]
     if result["sandbox"] == "none":
         lines += ["", "_Graded without a sandbox (--sandbox none)._"]
     return "\n".join(lines) + "\n"

@@ -37,8 +37,11 @@ def _notebook_bytes(path: Path) -> tuple[bytes | None, str]:
     if path.suffix == ".zip":
         try:
             with zipfile.ZipFile(path) as z:
-                names = [n for n in z.namelist() if n.endswith(".ipynb")
-                         and not n.startswith("__MACOSX")]
+                names = [
+                    n
+                    for n in z.namelist()
+                    if n.endswith(".ipynb") and not n.startswith("__MACOSX")
+                ]
                 if len(names) != 1:
                     return None, f"the zip holds {len(names)} notebooks, expected 1"
                 return z.read(names[0]), ""
@@ -62,11 +65,19 @@ def find_submissions(folder: Path) -> tuple[list[tuple[str, Path, bytes]], list[
     for p in sorted(folder.iterdir()):
         if p.name.startswith("."):
             continue
-        files = [p] if p.is_file() else sorted(
-            f for f in p.iterdir() if f.suffix in (".ipynb", ".zip"))
+        files = (
+            [p]
+            if p.is_file()
+            else sorted(f for f in p.iterdir() if f.suffix in (".ipynb", ".zip"))
+        )
         if p.is_dir() and len(files) != 1:
-            skipped.append((p.name, p, (f"the folder holds {len(files)} notebooks or zips, "
-                                       "expected 1")))
+            skipped.append(
+                (
+                    p.name,
+                    p,
+                    (f"the folder holds {len(files)} notebooks or zips, expected 1"),
+                )
+            )
             continue
         data, why = _notebook_bytes(files[0])
         student = p.stem if p.is_file() else p.name
@@ -77,18 +88,28 @@ def find_submissions(folder: Path) -> tuple[list[tuple[str, Path, bytes]], list[
     return found, skipped
 
 
-def _run_limited(cmd: list[str], cwd: Path, timeout: float,
-                 env: dict | None = None) -> tuple[int | None, str]:
+def _run_limited(
+    cmd: list[str], cwd: Path, timeout: float, env: dict | None = None
+) -> tuple[int | None, str]:
     """Run in a new process group; kill the whole group at the time limit (rc None)."""
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             rc = None
         try:
-            os.killpg(proc.pid, signal.SIGKILL)  # also any process the notebook left behind
+            os.killpg(
+                proc.pid, signal.SIGKILL
+            )  # also any process the notebook left behind
         except (ProcessLookupError, PermissionError):
             pass
         proc.wait()
@@ -96,8 +117,16 @@ def _run_limited(cmd: list[str], cwd: Path, timeout: float,
         return rc, log.read().decode("utf-8", "replace")
 
 
-def grade_one(student: str, notebook: bytes, zip_bytes: bytes, zip_name: str, spec: dict,
-              sandbox: Sandbox, timeout: float, call_timeout: float) -> dict:
+def grade_one(
+    student: str,
+    notebook: bytes,
+    zip_bytes: bytes,
+    zip_name: str,
+    spec: dict,
+    sandbox: Sandbox,
+    timeout: float,
+    call_timeout: float,
+) -> dict:
     """Grade one submission in a fresh temporary folder; returns scores and feedback."""
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
         work = Path(tmp)
@@ -106,24 +135,41 @@ def grade_one(student: str, notebook: bytes, zip_bytes: bytes, zip_name: str, sp
         (run / "submission.ipynb").write_bytes(notebook)
         (run / zip_name).write_bytes(zip_bytes)
         start = time.perf_counter()
-        cmd = [sys.executable, "-m", "otter", "run", "--no-logo", "-a", zip_name,
-               "-o", "out", "submission.ipynb"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "otter",
+            "run",
+            "--no-logo",
+            "-a",
+            zip_name,
+            "-o",
+            "out",
+            "submission.ipynb",
+        ]
         (run / "out").mkdir()
-        rc, log = _run_limited(sandbox.command(cmd, run), run, timeout, sandbox.env(run))
+        rc, log = _run_limited(
+            sandbox.command(cmd, run), run, timeout, sandbox.env(run)
+        )
         otter_s = time.perf_counter() - start
         otter_scores, otter_tests, status = {}, {}, "ok"
         result_file = run / "out" / "results.json"
         if rc is None:
             status = f"time limit: otter run stopped after {timeout:g} s"
         elif rc != 0 or not result_file.exists():
-            died = f", killed by signal {-rc if rc < 0 else rc - 128}" if (
-                rc < 0 or rc > 128) else ""
+            died = (
+                f", killed by signal {-rc if rc < 0 else rc - 128}"
+                if (rc < 0 or rc > 128)
+                else ""
+            )
             status = f"otter run failed (exit code {rc}{died})"
         else:
             try:
                 for t in json.loads(result_file.read_text()).get("tests", []):
                     q = t.get("name", "").split(" - ")[0]
-                    otter_scores[q] = otter_scores.get(q, 0.0) + float(t.get("score") or 0)
+                    otter_scores[q] = otter_scores.get(q, 0.0) + float(
+                        t.get("score") or 0
+                    )
                     otter_tests.setdefault(q, []).append(t.get("output", ""))
             except (ValueError, TypeError, AttributeError):
                 status = "otter run failed (unreadable results)"
@@ -132,11 +178,26 @@ def grade_one(student: str, notebook: bytes, zip_bytes: bytes, zip_name: str, sp
         (trusted / "spec.json").write_text(json.dumps(spec))
         (trusted / "submission.ipynb").write_bytes(notebook)
         (trusted / "sandbox.json").write_text(sandbox.to_json())
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(ROOT / "tools"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                [str(ROOT / "tools"), *filter(None, [os.environ.get("PYTHONPATH")])]
+            ),
+        }
         _, out2 = _run_limited(
-            [sys.executable, "-m", "course_grading.recheck", "spec.json", "submission.ipynb",
-             "sandbox.json", str(call_timeout)], trusted, timeout, env)
+            [
+                sys.executable,
+                "-m",
+                "course_grading.recheck",
+                "spec.json",
+                "submission.ipynb",
+                "sandbox.json",
+                str(call_timeout),
+            ],
+            trusted,
+            timeout,
+            env,
+        )
         try:
             rechecked = json.loads(out2.strip().splitlines()[-1])
         except (ValueError, IndexError):
@@ -144,20 +205,33 @@ def grade_one(student: str, notebook: bytes, zip_bytes: bytes, zip_name: str, sp
         rows = {}
         for q in spec["questions"]:
             name, pts = q["name"], float(q["points"])
-            rows[name] = min(otter_scores.get(name, 0.0),
-                             float(rechecked.get(name, {}).get("score", 0.0)), pts)
-        result = {"student": student, "assignment": spec["assignment"], "status": status,
-                  "scores": rows, "otter": otter_scores, "otter_tests": otter_tests,
-                  "recheck": rechecked, "seconds": time.perf_counter() - start,
-                  "otter_seconds": otter_s, "sandbox": sandbox.backend,
-                  "otter_log": log[-2000:]}
+            rows[name] = min(
+                otter_scores.get(name, 0.0),
+                float(rechecked.get(name, {}).get("score", 0.0)),
+                pts,
+            )
+        result = {
+            "student": student,
+            "assignment": spec["assignment"],
+            "status": status,
+            "scores": rows,
+            "otter": otter_scores,
+            "otter_tests": otter_tests,
+            "recheck": rechecked,
+            "seconds": time.perf_counter() - start,
+            "otter_seconds": otter_s,
+            "sandbox": sandbox.backend,
+            "otter_log": log[-2000:],
+        }
         result["flags"] = flags(result, spec)
         return result
 
 
 def _tree_digest(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*.py"))}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*.py"))
+    }
 
 
 def _load_assignments(root: Path) -> tuple[dict, dict]:
@@ -175,7 +249,9 @@ def grade(args: argparse.Namespace) -> int:
 
     folder = Path(args.submissions).resolve()
     root = Path(args.assignments).resolve()
-    out = Path(args.out or ROOT / "dist" / "grades" / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    out = Path(
+        args.out or ROOT / "dist" / "grades" / time.strftime("%Y%m%d-%H%M%S")
+    ).resolve()
     try:
         backend = choose(args.sandbox)
     except SandboxUnavailable as err:
@@ -186,7 +262,9 @@ def grade(args: argparse.Namespace) -> int:
     # Everything the grading trusts is read into memory once, before any submission runs.
     specs, zips = _load_assignments(root)
     if not specs:
-        print(f"no assignments in {root}: run `make assignments` first", file=sys.stderr)
+        print(
+            f"no assignments in {root}: run `make assignments` first", file=sys.stderr
+        )
         return 1
     library = Path(transformer_course.__file__).parent
     library_digest = _tree_digest(library)
@@ -195,9 +273,17 @@ def grade(args: argparse.Namespace) -> int:
     for student, path, data in found:
         name = _assignment_name(data) or args.assignment
         if name not in specs:
-            skipped.append((student, path, (f"unknown assignment {name!r} (valid: "
-                            f"{', '.join(specs)}; --assignment NAME for notebooks without "
-                            "otter metadata)")))
+            skipped.append(
+                (
+                    student,
+                    path,
+                    (
+                        f"unknown assignment {name!r} (valid: "
+                        f"{', '.join(specs)}; --assignment NAME for notebooks without "
+                        "otter metadata)"
+                    ),
+                )
+            )
         else:
             jobs.append((student, data, name))
     for student, path, why in skipped:
@@ -207,52 +293,118 @@ def grade(args: argparse.Namespace) -> int:
         return 1
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(grade_one, s, d, *zips[a], specs[a], sandbox, args.timeout,
-                               args.call_timeout) for s, d, a in jobs]
+        futures = [
+            pool.submit(
+                grade_one,
+                s,
+                d,
+                *zips[a],
+                specs[a],
+                sandbox,
+                args.timeout,
+                args.call_timeout,
+            )
+            for s, d, a in jobs
+        ]
         results = [f.result() for f in futures]
     warnings = []
     if backend == "none":
-        warnings.append("graded WITHOUT a sandbox (--sandbox none): the learners' code ran "
-                        "as your user, with your files and network")
+        warnings.append(
+            "graded WITHOUT a sandbox (--sandbox none): the learners' code ran "
+            "as your user, with your files and network"
+        )
     if _tree_digest(library) != library_digest:
-        warnings.append(f"{library} changed on disk while grading (a submission may have "
-                        "rewritten the checker): restore it and grade again")
+        warnings.append(
+            f"{library} changed on disk while grading (a submission may have "
+            "rewritten the checker): restore it and grade again"
+        )
     write_results(out, results, skipped, specs, warnings)
-    print(f"graded {len(results)} submissions in {time.perf_counter() - start:.0f} s "
-          f"(sandbox: {backend}), skipped {len(skipped)}")
+    print(
+        f"graded {len(results)} submissions in {time.perf_counter() - start:.0f} s "
+        f"(sandbox: {backend}), skipped {len(skipped)}"
+    )
     for r in results:
-        print(f"  {r['student']:<24} {sum(r['scores'].values()):g}  {r['status']}  "
-              f"(otter {r['otter_seconds']:.0f} s, all {r['seconds']:.0f} s)"
-              + ("  FLAGGED" if r["flags"] else ""))
+        print(
+            f"  {r['student']:<24} {sum(r['scores'].values()):g}  {r['status']}  "
+            f"(otter {r['otter_seconds']:.0f} s, all {r['seconds']:.0f} s)"
+            + ("  FLAGGED" if r["flags"] else "")
+        )
     for w in warnings:
         print(f"WARNING: {w}")
     print(f"results: {out}")
     return 0
 
 
-def write_results(out: Path, results: list[dict], skipped: list[tuple], specs: dict,
-                  warnings: list[str]) -> None:
+def write_results(
+    out: Path,
+    results: list[dict],
+    skipped: list[tuple],
+    specs: dict,
+    warnings: list[str],
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "feedback").mkdir(exist_ok=True)
-    questions = [q["name"] for a in sorted({r["assignment"] for r in results})
-                 for q in specs[a]["questions"]]
+    questions = [
+        q["name"]
+        for a in sorted({r["assignment"] for r in results})
+        for q in specs[a]["questions"]
+    ]
     for filename, key in (("grades.csv", "scores"), ("otter_grades.csv", "otter")):
         with open(out / filename, "w", newline="") as f:
             w = csv.writer(f, lineterminator="\n")
-            w.writerow(["student", "assignment", *questions, "total", "status", "flags",
-                        "sandbox"])
+            w.writerow(
+                [
+                    "student",
+                    "assignment",
+                    *questions,
+                    "total",
+                    "status",
+                    "flags",
+                    "sandbox",
+                ]
+            )
             for r in results:
                 vals = [r[key].get(q, "") for q in questions]
                 total = sum(v for v in vals if v != "")
-                w.writerow([r["student"], r["assignment"], *vals, total, r["status"],
-                            " | ".join(r["flags"]), r["sandbox"]])
+                w.writerow(
+                    [
+                        r["student"],
+                        r["assignment"],
+                        *vals,
+                        total,
+                        r["status"],
+                        " | ".join(r["flags"]),
+                        r["sandbox"],
+                    ]
+                )
             for student, path, why in skipped:
-                w.writerow([student, "", *[""] * len(questions), "",
-                            f"skipped {path.name}: {why}", "", ""])
+                w.writerow(
+                    [
+                        student,
+                        "",
+                        *[""] * len(questions),
+                        "",
+                        f"skipped {path.name}: {why}",
+                        "",
+                        "",
+                    ]
+                )
     for r in results:
-        (out / "feedback" / f"{r['student']}.md").write_text(feedback(r, specs[r["assignment"]]))
-    (out / "results.json").write_text(json.dumps(
-        {"results": results, "skipped": [{"student": s, "file": str(p), "reason": why}
-                                         for s, p, why in skipped],
-         "warnings": warnings}, indent=1, default=str))
+        (out / "feedback" / f"{r['student']}.md").write_text(
+            feedback(r, specs[r["assignment"]])
+        )
+    (out / "results.json").write_text(
+        json.dumps(
+            {
+                "results": results,
+                "skipped": [
+                    {"student": s, "file": str(p), "reason": why}
+                    for s, p, why in skipped
+                ],
+                "warnings": warnings,
+            },
+            indent=1,
+            default=str,
+        )
+    )
     (out / "warnings.txt").write_text("".join(w + "\n" for w in warnings))

@@ -31,7 +31,9 @@ def embed_public_tests(student: Path) -> None:
         if cell.cell_type == "code" and "otter.Notebook(" in cell.source:
             cell.source = INIT_CELL.format(tests=tests)
         if cell.cell_type == "markdown" and "generate a zip file" in cell.source:
-            cell.source += ("\n\nIn Colab, otter cannot export: download this notebook "
-                            "(File -> Download -> Download .ipynb) and hand in that file.")
+            cell.source += (
+                "\n\nIn Colab, otter cannot export: download this notebook "
+                "(File -> Download -> Download .ipynb) and hand in that file."
+            )
     nbformat.write(nb, student)
     shutil.rmtree(folder)

@@ -68,8 +68,10 @@ def _strip_cell(source: str) -> str:
             func = call.func
             if isinstance(func, ast.Name) and func.id.startswith("check_"):
                 continue
-            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and (
-                func.value.id == "grader"
+            if (
+                isinstance(func, ast.Attribute)
+                and isinstance(func.value, ast.Name)
+                and (func.value.id == "grader")
             ):
                 continue
         keep.append(node)
@@ -98,7 +100,9 @@ def defined_functions(notebook: dict) -> list[str]:
     names = []
     for _, code in submission_code(notebook):
         with contextlib.suppress(SyntaxError):
-            names += [n.name for n in ast.parse(code).body if isinstance(n, ast.FunctionDef)]
+            names += [
+                n.name for n in ast.parse(code).body if isinstance(n, ast.FunctionDef)
+            ]
     return names
 
 
@@ -113,9 +117,12 @@ class _RemoteGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        grads = ctx.remote.request({"op": "backward", "grads": [
-            torch.zeros(0) if g is None else g for g in grad_outputs
-        ]})
+        grads = ctx.remote.request(
+            {
+                "op": "backward",
+                "grads": [torch.zeros(0) if g is None else g for g in grad_outputs],
+            }
+        )
         return (None, None, *grads, *([None] * len(grad_outputs)))
 
 
@@ -135,7 +142,9 @@ def _children(pid: int) -> list[int]:
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return " ".join(f.read().replace(b"\0", b" ").decode("utf-8", "replace").split())
+            return " ".join(
+                f.read().replace(b"\0", b" ").decode("utf-8", "replace").split()
+            )
     except OSError:
         return "?"
 
@@ -149,8 +158,14 @@ class RemoteFunctions:
     than ``call_timeout`` seconds (the worker is then killed).
     """
 
-    def __init__(self, cells: list[tuple[int, str]], sandbox: Sandbox, *,
-                 call_timeout: float = 30.0, setup_timeout: float = 300.0):
+    def __init__(
+        self,
+        cells: list[tuple[int, str]],
+        sandbox: Sandbox,
+        *,
+        call_timeout: float = 30.0,
+        setup_timeout: float = 300.0,
+    ):
         self.cells, self.sandbox = cells, sandbox
         self.call_timeout, self.setup_timeout = call_timeout, setup_timeout
         self.proc: subprocess.Popen | None = None
@@ -163,12 +178,22 @@ class RemoteFunctions:
         cwd = Path(self._cwd.name)
         cmd = self.sandbox.command([sys.executable, "-m", "course_grading.worker"], cwd)
         self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            cwd=cwd, env=self.sandbox.env(cwd), start_new_session=True)
-        self.setup_errors = self.request({"op": "exec", "cells": self.cells},
-                                         timeout=self.setup_timeout)
-        self.stray += [c for c in map(_cmdline, _children(self.proc.pid))
-                       if "course_grading.worker" not in c and not c.startswith("bwrap")]
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            cwd=cwd,
+            env=self.sandbox.env(cwd),
+            start_new_session=True,
+        )
+        self.setup_errors = self.request(
+            {"op": "exec", "cells": self.cells}, timeout=self.setup_timeout
+        )
+        self.stray += [
+            c
+            for c in map(_cmdline, _children(self.proc.pid))
+            if "course_grading.worker" not in c and not c.startswith("bwrap")
+        ]
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -215,15 +240,21 @@ class RemoteFunctions:
                 y = x.detach().clone()
                 return y.requires_grad_() if any(x is n for n in need) else y
 
-            sent_args, sent_kwargs = pytree.tree_map_only(torch.Tensor, fresh, (args, kwargs))
-            result = self.request({"op": "call", "fn": name, "args": sent_args,
-                                   "kwargs": sent_kwargs})
+            sent_args, sent_kwargs = pytree.tree_map_only(
+                torch.Tensor, fresh, (args, kwargs)
+            )
+            result = self.request(
+                {"op": "call", "fn": name, "args": sent_args, "kwargs": sent_kwargs}
+            )
             outs = [y for y in tensors(result) if y.is_floating_point()]
             if not need or not outs:
                 return result
             linked = iter(_RemoteGrad.apply(self, len(need), *need, *outs))
             return pytree.tree_map_only(
-                torch.Tensor, lambda y: next(linked) if y.is_floating_point() else y, result)
+                torch.Tensor,
+                lambda y: next(linked) if y.is_floating_point() else y,
+                result,
+            )
 
         call.__name__ = name
         return call
@@ -237,13 +268,21 @@ def _missing(notebook: dict, functions: list[str]) -> str:
     parts = []
     for f in missing:
         close = difflib.get_close_matches(f, found, n=1, cutoff=0.5)
-        parts.append(f"{f} is not defined" + (f" (closest name found: {close[0]})"
-                                                 if close else ""))
+        parts.append(
+            f"{f} is not defined"
+            + (f" (closest name found: {close[0]})" if close else "")
+        )
     return "; ".join(parts)
 
 
-def recheck(spec: dict, notebook: dict, sandbox: Sandbox, *, call_timeout: float = 30.0,
-            setup_timeout: float = 300.0) -> dict[str, dict]:
+def recheck(
+    spec: dict,
+    notebook: dict,
+    sandbox: Sandbox,
+    *,
+    call_timeout: float = 30.0,
+    setup_timeout: float = 300.0,
+) -> dict[str, dict]:
     """Grade ``notebook`` (parsed JSON) against ``spec`` without running its code here.
 
     ``spec["questions"]`` lists ``{"name", "points", "check", "functions", "kwargs"}``
@@ -251,8 +290,12 @@ def recheck(spec: dict, notebook: dict, sandbox: Sandbox, *, call_timeout: float
     ``{question: {"score", "max_score", "message", "missing"}, "_setup": {...}}``; a
     question scores its points only when the check returns True.
     """
-    remote = RemoteFunctions(submission_code(notebook), sandbox, call_timeout=call_timeout,
-                             setup_timeout=setup_timeout)
+    remote = RemoteFunctions(
+        submission_code(notebook),
+        sandbox,
+        call_timeout=call_timeout,
+        setup_timeout=setup_timeout,
+    )
     results: dict[str, dict] = {}
     try:
         remote.start()
@@ -267,19 +310,28 @@ def recheck(spec: dict, notebook: dict, sandbox: Sandbox, *, call_timeout: float
             if remote.proc is None:
                 remote.start()
             with contextlib.redirect_stdout(io.StringIO()) as printed:
-                done = check(*(remote.function(f) for f in q["functions"]),
-                             **(q.get("kwargs") or {}))
+                done = check(
+                    *(remote.function(f) for f in q["functions"]),
+                    **(q.get("kwargs") or {}),
+                )
             message = printed.getvalue().strip()
             score = float(q["points"]) if done is True else 0.0
         except AssertionError as err:  # the check's CheckError
             message = str(err)
         except Exception as err:  # noqa: BLE001 (the learner's function raised: 0 points)
             message = f"{type(err).__name__}: {err}"
-        results[q["name"]] = {"score": score, "max_score": float(q["points"]),
-                              "message": message, "missing": _missing(notebook, q["functions"])}
+        results[q["name"]] = {
+            "score": score,
+            "max_score": float(q["points"]),
+            "message": message,
+            "missing": _missing(notebook, q["functions"]),
+        }
     remote.stop()
-    results["_setup"] = {"message": setup, "errors": remote.setup_errors,
-                         "stray": remote.stray}
+    results["_setup"] = {
+        "message": setup,
+        "errors": remote.setup_errors,
+        "stray": remote.stray,
+    }
     return results
 
 

@@ -25,9 +25,11 @@ from pathlib import Path
 
 BACKENDS = ("auto", "bwrap", "none")
 LIB_MOUNT = "/tmp/.course-lib"  # where the library and these tools appear inside
-INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `sudo apt-get install bubblewrap`, "
-                "Fedora: `sudo dnf install bubblewrap`), or pass `--sandbox none` to grade "
-                "without a sandbox (only for submissions you trust)")
+INSTALL_HINT = (
+    "install bubblewrap (Debian/Ubuntu: `sudo apt-get install bubblewrap`, "
+    "Fedora: `sudo dnf install bubblewrap`), or pass `--sandbox none` to grade "
+    "without a sandbox (only for submissions you trust)"
+)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -40,9 +42,25 @@ def bwrap_problem() -> str | None:
     if exe is None:
         return "bwrap is not installed"
     probe = subprocess.run(
-        [exe, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-net",
-         "--unshare-pid", "--die-with-parent", "true"],
-        capture_output=True, text=True, timeout=30, check=False)
+        [
+            exe,
+            "--ro-bind",
+            "/",
+            "/",
+            "--dev",
+            "/dev",
+            "--proc",
+            "/proc",
+            "--unshare-net",
+            "--unshare-pid",
+            "--die-with-parent",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     if probe.returncode != 0:
         return f"bwrap is installed but cannot create namespaces here: {probe.stderr.strip()}"
     return None
@@ -51,20 +69,26 @@ def bwrap_problem() -> str | None:
 def choose(requested: str) -> str:
     """The backend to use for ``--sandbox requested``; raises ``SandboxUnavailable``."""
     if requested not in BACKENDS:
-        raise ValueError(f"--sandbox must be one of {', '.join(BACKENDS)}, got {requested!r}")
+        raise ValueError(
+            f"--sandbox must be one of {', '.join(BACKENDS)}, got {requested!r}"
+        )
     if requested == "none":
         return "none"
     problem = bwrap_problem()
     if problem is None:
         return "bwrap"
-    raise SandboxUnavailable(f"no sandbox for untrusted code: {problem}; {INSTALL_HINT}")
+    raise SandboxUnavailable(
+        f"no sandbox for untrusted code: {problem}; {INSTALL_HINT}"
+    )
 
 
 def _packages() -> dict[str, Path]:
     import transformer_course
 
-    return {"transformer_course": Path(transformer_course.__file__).resolve().parent,
-            "course_grading": Path(__file__).resolve().parent}
+    return {
+        "transformer_course": Path(transformer_course.__file__).resolve().parent,
+        "course_grading": Path(__file__).resolve().parent,
+    }
 
 
 def _under(path: Path, folder: Path) -> bool:
@@ -89,12 +113,24 @@ class Sandbox:
     def env(self, work: Path) -> dict[str, str]:
         """A clean environment: nothing of the instructor's variables but PATH/locale."""
         packages = _packages()
-        pythonpath = (LIB_MOUNT if self.backend == "bwrap"
-                      else os.pathsep.join(sorted({str(p.parent) for p in packages.values()})))
-        env = {k: v for k, v in os.environ.items()
-               if k in ("PATH", "LANG", "LC_ALL", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-        env.update(HOME=str(work), TMPDIR=str(work / ".tmp"), MPLCONFIGDIR=str(work / ".mpl"),
-                   PYTHONPATH=pythonpath, PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg")
+        pythonpath = (
+            LIB_MOUNT
+            if self.backend == "bwrap"
+            else os.pathsep.join(sorted({str(p.parent) for p in packages.values()}))
+        )
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k in ("PATH", "LANG", "LC_ALL", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+        }
+        env.update(
+            HOME=str(work),
+            TMPDIR=str(work / ".tmp"),
+            MPLCONFIGDIR=str(work / ".mpl"),
+            PYTHONPATH=pythonpath,
+            PYTHONDONTWRITEBYTECODE="1",
+            MPLBACKEND="Agg",
+        )
         (work / ".tmp").mkdir(exist_ok=True)
         return env
 
@@ -106,12 +142,27 @@ class Sandbox:
         if self.backend == "none":
             return limit + cmd
         work = work.resolve()
-        hidden = sorted({Path(h).resolve() for h in self.hide} | {Path.home().resolve()},
-                        key=lambda p: len(p.parts))
-        hidden = [h for h in hidden
-                  if h.is_dir() and len(h.parts) > 1 and not _under(h, Path("/tmp"))]
-        args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-                "--tmpfs", "/tmp"]
+        hidden = sorted(
+            {Path(h).resolve() for h in self.hide} | {Path.home().resolve()},
+            key=lambda p: len(p.parts),
+        )
+        hidden = [
+            h
+            for h in hidden
+            if h.is_dir() and len(h.parts) > 1 and not _under(h, Path("/tmp"))
+        ]
+        args = [
+            "bwrap",
+            "--ro-bind",
+            "/",
+            "/",
+            "--dev",
+            "/dev",
+            "--proc",
+            "/proc",
+            "--tmpfs",
+            "/tmp",
+        ]
         for h in hidden:
             args += ["--tmpfs", str(h)]
         python = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).parent}
@@ -123,8 +174,16 @@ class Sandbox:
         args += ["--bind", str(work), str(work)]
         for h in [Path("/tmp"), *hidden]:
             args += ["--remount-ro", str(h)]
-        args += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-                 "--die-with-parent", "--new-session", "--chdir", str(work)]
+        args += [
+            "--unshare-net",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--die-with-parent",
+            "--new-session",
+            "--chdir",
+            str(work),
+        ]
         if os.geteuid() == 0:
             args += ["--cap-drop", "ALL"]
         args += ["--clearenv"]

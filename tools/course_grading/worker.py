@@ -27,8 +27,14 @@ def _exec_cells(cells: list, namespace: dict) -> list[dict]:
         try:
             exec(compile(code, f"<code cell {number}>", "exec"), namespace)  # noqa: S102
         except BaseException as err:  # noqa: BLE001 (a raising cell does not stop the rest)
-            errors.append({"cell": number, "type": type(err).__name__, "message": str(err),
-                           "denied": isinstance(err, (OSError, MemoryError))})
+            errors.append(
+                {
+                    "cell": number,
+                    "type": type(err).__name__,
+                    "message": str(err),
+                    "denied": isinstance(err, (OSError, MemoryError)),
+                }
+            )
     return errors
 
 
@@ -61,13 +67,29 @@ def main() -> None:
                 send(out, {"ok": True, "result": detach(result)})
             elif msg["op"] == "backward":
                 inputs, outputs = last
-                pairs = [(y, g) for y, g in zip(outputs, msg["grads"]) if y.requires_grad]
-                grads = torch.autograd.grad(
-                    [y for y, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True
-                ) if pairs else [None] * len(inputs)
-                send(out, {"ok": True, "result": [
-                    torch.zeros_like(x) if g is None else g for x, g in zip(inputs, grads)
-                ]})
+                pairs = [
+                    (y, g) for y, g in zip(outputs, msg["grads"]) if y.requires_grad
+                ]
+                grads = (
+                    torch.autograd.grad(
+                        [y for y, _ in pairs],
+                        inputs,
+                        [g for _, g in pairs],
+                        allow_unused=True,
+                    )
+                    if pairs
+                    else [None] * len(inputs)
+                )
+                send(
+                    out,
+                    {
+                        "ok": True,
+                        "result": [
+                            torch.zeros_like(x) if g is None else g
+                            for x, g in zip(inputs, grads)
+                        ],
+                    },
+                )
         except BaseException as err:  # noqa: BLE001 (every error goes back to the checker)
             send(out, {"ok": False, "error": type(err).__name__, "message": str(err)})
 

@@ -64,8 +64,10 @@ def exercise_check(check: Callable[..., bool]) -> Callable[..., bool]:
             return check(fn, *args, **kwargs)
         except NotImplementedError:
             name = getattr(fn, "__name__", "your function")
-            print(f"not attempted yet: {name} raises NotImplementedError; "
-                  "write its body and run this cell again.")
+            print(
+                f"not attempted yet: {name} raises NotImplementedError; "
+                "write its body and run this cell again."
+            )
             return False
         except CheckError as err:
             print(f"✗ {err.message}" + (f"\nHint: {err.hint}" if err.hint else ""))
@@ -84,14 +86,19 @@ _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _report_crash(fn, err: Exception) -> None:
-    frames = [f for f in traceback.extract_tb(err.__traceback__)
-              if not os.path.abspath(f.filename).startswith(_PACKAGE)]
+    frames = [
+        f
+        for f in traceback.extract_tb(err.__traceback__)
+        if not os.path.abspath(f.filename).startswith(_PACKAGE)
+    ]
     name = getattr(fn, "__name__", "your function")
     print(f"✗ {name} raised {type(err).__name__}: {err}")
     if frames:
         print("".join(traceback.format_list(frames[-3:])).rstrip())
-    print("Hint: the error comes from the code above; print the shapes of the inputs "
-          "and of each intermediate result.")
+    print(
+        "Hint: the error comes from the code above; print the shapes of the inputs "
+        "and of each intermediate result."
+    )
 
 
 def public_test(check: Callable[..., bool], fn: Callable) -> bool:
@@ -115,7 +122,8 @@ def public_test(check: Callable[..., bool], fn: Callable) -> bool:
         except NotImplementedError:
             raise AssertionError(
                 f"not attempted yet: {getattr(fn, '__name__', 'the function')} still "
-                "raises NotImplementedError") from None
+                "raises NotImplementedError"
+            ) from None
     return True
 
 
@@ -130,24 +138,39 @@ def check_shape(x, expected: Sequence[int | None], name: str = "x") -> bool:
             "dimension 1 of weights is 5, expected 4".
     """
     if not isinstance(x, Tensor):
-        fail(f"{name} is a {type(x).__name__}, expected a torch.Tensor",
-             "return a tensor, not a list, a number or a tuple.", kind=ShapeError)
+        fail(
+            f"{name} is a {type(x).__name__}, expected a torch.Tensor",
+            "return a tensor, not a list, a number or a tuple.",
+            kind=ShapeError,
+        )
     shape, want = tuple(x.shape), tuple(expected)
     if len(shape) != len(want):
-        fail(f"{name} has {len(shape)} dimensions {shape}, expected {len(want)} {want}",
-             "compare the shape after each step with the shape asked for: an axis "
-             "was added, dropped or not merged.", kind=ShapeError)
+        fail(
+            f"{name} has {len(shape)} dimensions {shape}, expected {len(want)} {want}",
+            "compare the shape after each step with the shape asked for: an axis "
+            "was added, dropped or not merged.",
+            kind=ShapeError,
+        )
     for dim, (got, exp) in enumerate(zip(shape, want)):
         if exp is not None and got != exp:
-            fail(f"dimension {dim} of {name} is {got}, expected {exp} "
-                 f"(shape {shape}, expected {want})",
-                 "print the shape after every step and compare with the comments.",
-                 kind=ShapeError)
+            fail(
+                f"dimension {dim} of {name} is {got}, expected {exp} "
+                f"(shape {shape}, expected {want})",
+                "print the shape after every step and compare with the comments.",
+                kind=ShapeError,
+            )
     return True
 
 
-def check_close(actual, expected: Tensor, *, atol: float = 1e-5, rtol: float = 1e-5,
-                name: str = "x", hint: str | None = None) -> bool:
+def check_close(
+    actual,
+    expected: Tensor,
+    *,
+    atol: float = 1e-5,
+    rtol: float = 1e-5,
+    name: str = "x",
+    hint: str | None = None,
+) -> bool:
     """Check that ``actual`` equals ``expected`` within ``atol + rtol * |expected|``.
 
     Raises:
@@ -160,34 +183,47 @@ def check_close(actual, expected: Tensor, *, atol: float = 1e-5, rtol: float = 1
     bad = ~torch.isfinite(actual) & torch.isfinite(expected)
     if bad.any():
         where = tuple(torch.nonzero(bad)[0].tolist())
-        fail(f"{name} has {int(bad.sum())} NaN/inf values, the first at index {where}",
-             "a softmax over a row whose keys are all masked gives NaN; "
-             "look for a division by zero or exp of a large number.")
+        fail(
+            f"{name} has {int(bad.sum())} NaN/inf values, the first at index {where}",
+            "a softmax over a row whose keys are all masked gives NaN; "
+            "look for a division by zero or exp of a large number.",
+        )
     diff = (actual - expected).abs()
     tol = atol + rtol * expected.abs()
     if (diff > tol).any():
         where = tuple(torch.nonzero(diff > tol)[0].tolist())
-        fail(f"the values of {name} differ from the reference: max |difference| = "
-             f"{diff.max().item():.3g}; first wrong entry at index {where}: "
-             f"got {actual[where].item():.5g}, expected {expected[where].item():.5g}",
-             hint or "print a small case by hand and compare it step by step.")
+        fail(
+            f"the values of {name} differ from the reference: max |difference| = "
+            f"{diff.max().item():.3g}; first wrong entry at index {where}: "
+            f"got {actual[where].item():.5g}, expected {expected[where].item():.5g}",
+            hint or "print a small case by hand and compare it step by step.",
+        )
     return True
 
 
 def close(a, b: Tensor, atol: float = 1e-5) -> bool:
     """True when ``a`` is a tensor of ``b``'s shape and equal within ``atol``."""
-    return (isinstance(a, Tensor) and a.shape == b.shape
-            and torch.allclose(a.detach().to(b.dtype), b, atol=atol, equal_nan=False))
+    return (
+        isinstance(a, Tensor)
+        and a.shape == b.shape
+        and torch.allclose(a.detach().to(b.dtype), b, atol=atol, equal_nan=False)
+    )
 
 
 def out_and_weights(result, what: str = "(out, weights)") -> tuple[Tensor, Tensor]:
     """Unpack a learner's ``(out, weights)``; a clear ``ShapeError`` otherwise."""
     if isinstance(result, (tuple, list)) and len(result) == 2:
         return result[0], result[1]
-    got = (f"a tuple of {len(result)}" if isinstance(result, (tuple, list))
-           else f"a {type(result).__name__}")
-    fail(f"the function returned {got}, expected the tuple {what}",
-         "end with `return out, weights`: the check needs both.", kind=ShapeError)
+    got = (
+        f"a tuple of {len(result)}"
+        if isinstance(result, (tuple, list))
+        else f"a {type(result).__name__}"
+    )
+    fail(
+        f"the function returned {got}, expected the tuple {what}",
+        "end with `return out, weights`: the check needs both.",
+        kind=ShapeError,
+    )
 
 
 def first_output(result) -> Tensor:
@@ -195,8 +231,9 @@ def first_output(result) -> Tensor:
     return result[0] if isinstance(result, tuple) else result
 
 
-def random_qkv(gen: torch.Generator, lead: tuple[int, ...], t: int, s: int, d: int,
-               dv: int) -> tuple[Tensor, Tensor, Tensor]:
+def random_qkv(
+    gen: torch.Generator, lead: tuple[int, ...], t: int, s: int, d: int, dv: int
+) -> tuple[Tensor, Tensor, Tensor]:
     """Random q (*lead, t, d), k (*lead, s, d), v (*lead, s, dv)."""
     q = torch.randn(*lead, t, d, generator=gen)
     k = torch.randn(*lead, s, d, generator=gen)

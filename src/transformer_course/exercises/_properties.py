@@ -44,18 +44,25 @@ def check_causal_leakage(fn: Callable[..., Tensor], *, name: str = "fn") -> bool
     for cut in range(t - 1):
         q2, k2, v2 = (x.clone() for x in (q, k, v))
         for x in (q2, k2, v2):
-            x[..., cut + 1:, :] = torch.randn(x[..., cut + 1:, :].shape, generator=gen)
+            x[..., cut + 1 :, :] = torch.randn(
+                x[..., cut + 1 :, :].shape, generator=gen
+            )
         out = first_output(fn(q2, k2, v2, mask))
-        diff = (out[..., : cut + 1, :] - base[..., : cut + 1, :]).abs().amax(dim=(0, 1, 3))
+        diff = (
+            (out[..., : cut + 1, :] - base[..., : cut + 1, :]).abs().amax(dim=(0, 1, 3))
+        )
         if not torch.isfinite(diff).all() or (diff > 1e-5).any():
             pos = int(torch.nonzero(~(diff <= 1e-5))[0])
-            fail(f"{name}: the output at position {pos} changed by "
-                  f"{diff[pos].item():.3g} when only positions {cut + 1}..{t - 1} "
-                  f"changed: the future leaked into position {pos}",
-                  "hide the masked keys before the softmax (scores = -inf where the "
-                  "mask is False); True means 'may attend'.")
-    return passed(f"{name}: no causal leakage (outputs at or before t ignore tokens "
-                   "after t)")
+            fail(
+                f"{name}: the output at position {pos} changed by "
+                f"{diff[pos].item():.3g} when only positions {cut + 1}..{t - 1} "
+                f"changed: the future leaked into position {pos}",
+                "hide the masked keys before the softmax (scores = -inf where the "
+                "mask is False); True means 'may attend'.",
+            )
+    return passed(
+        f"{name}: no causal leakage (outputs at or before t ignore tokens after t)"
+    )
 
 
 @exercise_check
@@ -80,18 +87,21 @@ def check_padding_invariance(fn: Callable[..., Tensor], *, name: str = "fn") -> 
         mask[..., n:] = False  # the appended keys are padding
         out = first_output(fn(qp, kp, vp, mask))
         if not torch.isfinite(out).all():
-            fail(f"{name}: NaN/inf in the output after appending {n_pad} padding "
-                  "key(s)",
-                  "no real query has all keys masked here; look for -inf - -inf or a "
-                  "division by zero.")
+            fail(
+                f"{name}: NaN/inf in the output after appending {n_pad} padding key(s)",
+                "no real query has all keys masked here; look for -inf - -inf or a "
+                "division by zero.",
+            )
         diff = (out[..., :n, :] - base).abs().amax(dim=(0, 1, 3))
         if (diff > 1e-5).any():
             pos = int(torch.nonzero(diff > 1e-5)[0])
-            fail(f"{name}: the output at real position {pos} changed by "
-                  f"{diff[pos].item():.3g} when {n_pad} masked padding key(s) were "
-                  "appended: padding leaked into real positions",
-                  "a (B, 1, 1, S) mask hides key columns; apply it to the scores "
-                  "before the softmax.")
+            fail(
+                f"{name}: the output at real position {pos} changed by "
+                f"{diff[pos].item():.3g} when {n_pad} masked padding key(s) were "
+                "appended: padding leaked into real positions",
+                "a (B, 1, 1, S) mask hides key columns; apply it to the scores "
+                "before the softmax.",
+            )
     return passed(f"{name}: padding invariance (appended padding changes nothing)")
 
 
@@ -116,22 +126,30 @@ def check_mask_polarity(fn: Callable[..., Tensor], *, name: str = "fn") -> bool:
     if torch.allclose(out, want, atol=1e-5):
         return passed(f"{name}: mask polarity (True = may attend)")
     if torch.allclose(out, (1 - want) / (t - 1), atol=1e-5):
-        fail(f"{name}: query 0 may attend only key 2, yet its output is "
-              f"{[round(x, 3) for x in out[0].tolist()]}: it attended to every key "
-              "except the allowed one. The mask polarity is inverted",
-              "here True = may attend; nn.MultiheadAttention uses True = blocked "
-              "(pitfall P3). Fill the scores where ~mask.")
+        fail(
+            f"{name}: query 0 may attend only key 2, yet its output is "
+            f"{[round(x, 3) for x in out[0].tolist()]}: it attended to every key "
+            "except the allowed one. The mask polarity is inverted",
+            "here True = may attend; nn.MultiheadAttention uses True = blocked "
+            "(pitfall P3). Fill the scores where ~mask.",
+        )
     if torch.allclose(out, want / t, atol=1e-5):
-        fail(f"{name}: query 0 may attend only key 2, yet that key's weight is "
-             f"{out[0, 2].item():.3f}, not 1: the mask was applied after the softmax, "
-             "so the hidden keys still took their share of the denominator",
-             "hide the masked keys in the scores, before the softmax.")
+        fail(
+            f"{name}: query 0 may attend only key 2, yet that key's weight is "
+            f"{out[0, 2].item():.3f}, not 1: the mask was applied after the softmax, "
+            "so the hidden keys still took their share of the denominator",
+            "hide the masked keys in the scores, before the softmax.",
+        )
     if torch.allclose(out, torch.full_like(out, 1 / t), atol=1e-5):
-        fail(f"{name}: the mask had no effect: query 0 mixed all keys equally",
-              "apply the mask to the scores before the softmax.")
-    fail(f"{name}: query 0 may attend only key 2 and should output {want[0].tolist()}, "
-         f"got {[round(x, 3) for x in out[0].tolist()]}",
-         "the mask is indexed [query, key]: row i says which keys query i may see.")
+        fail(
+            f"{name}: the mask had no effect: query 0 mixed all keys equally",
+            "apply the mask to the scores before the softmax.",
+        )
+    fail(
+        f"{name}: query 0 may attend only key 2 and should output {want[0].tolist()}, "
+        f"got {[round(x, 3) for x in out[0].tolist()]}",
+        "the mask is indexed [query, key]: row i says which keys query i may see.",
+    )
 
 
 @exercise_check
@@ -149,21 +167,29 @@ def check_fully_masked_rows(fn: Callable[..., Tensor], *, name: str = "fn") -> b
     mask[1] = False  # item 1: every key is padding
     out = first_output(fn(q, k, v, mask))
     if not torch.isfinite(out).all():
-        fail(f"{name}: a query whose keys are all masked gives NaN (pitfall P1)",
-              "softmax over only -inf is 0/0; make that row's weights exactly 0.")
+        fail(
+            f"{name}: a query whose keys are all masked gives NaN (pitfall P1)",
+            "softmax over only -inf is 0/0; make that row's weights exactly 0.",
+        )
     if out[1].abs().max() > 1e-6:
-        fail(f"{name}: the item whose keys are all masked has output "
-              f"[{', '.join(f'{x:.3f}' for x in out[1, 0, 0].tolist())}] (row 0), "
-              "expected 0: "
-              "filling masked scores with a large finite number makes the row uniform "
-              "(pitfall P6)",
-              "use -inf and set rows with no visible key to 0 after the softmax.")
+        fail(
+            f"{name}: the item whose keys are all masked has output "
+            f"[{', '.join(f'{x:.3f}' for x in out[1, 0, 0].tolist())}] (row 0), "
+            "expected 0: "
+            "filling masked scores with a large finite number makes the row uniform "
+            "(pitfall P6)",
+            "use -inf and set rows with no visible key to 0 after the softmax.",
+        )
     out[0].sum().backward()
     for arg, x in (("q", q), ("k", k), ("v", v)):
         if x.grad is not None and not torch.isfinite(x.grad).all():
-            fail(f"{name}: the gradient of {arg} has NaN although the loss uses only "
-                  "the unmasked item (pitfall P1: the NaN spreads through the batch)",
-                  "avoid exp(-inf - -inf); guard the division by the row sum.")
+            fail(
+                f"{name}: the gradient of {arg} has NaN although the loss uses only "
+                "the unmasked item (pitfall P1: the NaN spreads through the batch)",
+                "avoid exp(-inf - -inf); guard the division by the row sum.",
+            )
     alone = first_output(fn(q[:1].detach(), k[:1].detach(), v[:1].detach(), mask[:1]))
     check_close(out[:1].detach(), alone.detach(), name="output of the unmasked item")
-    return passed(f"{name}: fully masked rows give zeros, no NaN (output and gradients)")
+    return passed(
+        f"{name}: fully masked rows give zeros, no NaN (output and gradients)"
+    )

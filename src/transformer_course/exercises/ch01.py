@@ -106,7 +106,9 @@ def check_dot_product_attention(
                     "transpose only the last two axes of k, and never reshape across "
                     "the batch.",
                 )
-    return passed("batched dot-product attention matches the reference on 3 random inputs")
+    return passed(
+        "batched dot-product attention matches the reference on 3 random inputs"
+    )
 
 
 @exercise_check

@@ -23,19 +23,37 @@ from transformer_course.exercises._common import (
     random_qkv,
 )
 
-_P3 = (("the mask is inverted: your weights sit on the keys the mask hides, and the "
-       "keys it allows get 0 (pitfall P3)"),
-       ("here True means 'may attend'; PyTorch's nn.MultiheadAttention uses the opposite "
-       "convention."))
-_P1 = ("a query whose keys are all masked gives NaN (pitfall P1)",
-       ("softmax over a row of only -inf is 0/0: that row's weights (and output) must be "
-       "0, so guard the division."))
-_P6 = (("a query whose keys are all masked gets a uniform row ({row}), expected zeros: "
-       "a large finite fill such as -1e9 turns an empty row into an average (pitfall P6)"),
-       "use -inf, so exp gives exactly 0, and guard the division for empty rows.")
-_AFTER = (("the visible weights of a row sum to {total:.3f}, not 1: the masked keys "
-          "were zeroed after the softmax, so they still count in its denominator"),
-          "hide the masked keys before the softmax, in the scores.")
+_P3 = (
+    (
+        "the mask is inverted: your weights sit on the keys the mask hides, and the "
+        "keys it allows get 0 (pitfall P3)"
+    ),
+    (
+        "here True means 'may attend'; PyTorch's nn.MultiheadAttention uses the opposite "
+        "convention."
+    ),
+)
+_P1 = (
+    "a query whose keys are all masked gives NaN (pitfall P1)",
+    (
+        "softmax over a row of only -inf is 0/0: that row's weights (and output) must be "
+        "0, so guard the division."
+    ),
+)
+_P6 = (
+    (
+        "a query whose keys are all masked gets a uniform row ({row}), expected zeros: "
+        "a large finite fill such as -1e9 turns an empty row into an average (pitfall P6)"
+    ),
+    "use -inf, so exp gives exactly 0, and guard the division for empty rows.",
+)
+_AFTER = (
+    (
+        "the visible weights of a row sum to {total:.3f}, not 1: the masked keys "
+        "were zeroed after the softmax, so they still count in its denominator"
+    ),
+    "hide the masked keys before the softmax, in the scores.",
+)
 
 
 def _check_masked_rows(w: Tensor, scores: Tensor, mask: Tensor, empty, dim: int = -1):
@@ -48,25 +66,35 @@ def _check_masked_rows(w: Tensor, scores: Tensor, mask: Tensor, empty, dim: int 
         if (seen[mask.expand_as(w) & has_key].abs() < 1e-6).all():
             fail(*_P3)
         if close(w, torch.softmax(scores, dim)):
-            fail("the mask had no effect: masked keys got the same weight as without "
-                 "a mask", "set the scores to -inf where the mask is False.")
-        fail("a masked key got a non-zero weight",
-             "set the scores to -inf where the mask is False, before the softmax.")
+            fail(
+                "the mask had no effect: masked keys got the same weight as without "
+                "a mask",
+                "set the scores to -inf where the mask is False.",
+            )
+        fail(
+            "a masked key got a non-zero weight",
+            "set the scores to -inf where the mask is False, before the softmax.",
+        )
     total = seen.sum(dim)
     rows = hidden.any(dim)
     if rows.any() and (total[rows] < 1 - 1e-4).all():
         fail(_AFTER[0].format(total=total[rows][0].item()), _AFTER[1])
     if not torch.isfinite(w[has_key]).all():
-        fail("NaN/inf in a row that has visible keys",
-             "subtract the row maximum of the visible scores before exp.")
+        fail(
+            "NaN/inf in a row that has visible keys",
+            "subtract the row maximum of the visible scores before exp.",
+        )
     row = w[empty]
     if torch.isnan(row).any():
         fail(*_P1)
     if (row != 0).any():
         if torch.allclose(row, torch.full_like(row, 1 / row.shape[-1]), atol=1e-4):
             fail(_P6[0].format(row=f"each weight {1 / row.shape[-1]:.3f}"), _P6[1])
-        fail(f"a query whose keys are all masked gets weights "
-             f"{[round(x, 3) for x in row.flatten().tolist()]}, expected zeros", _P6[1])
+        fail(
+            f"a query whose keys are all masked gets weights "
+            f"{[round(x, 3) for x in row.flatten().tolist()]}, expected zeros",
+            _P6[1],
+        )
 
 
 @exercise_check
@@ -89,27 +117,36 @@ def check_stable_softmax(fn: Callable[..., Tensor]) -> bool:
     if not close(w.sum(-1), torch.ones(2, 3)):
         hint = "normalise along dim: exp(s) / exp(s).sum(dim=dim, keepdim=True)."
         if close(w.sum(-2), torch.ones(2, 5)):
-            fail("each column (dim=-2) sums to 1, not each row: the softmax ran over "
-                 "the queries", hint)
+            fail(
+                "each column (dim=-2) sums to 1, not each row: the softmax ran over "
+                "the queries",
+                hint,
+            )
         fail("the weights of a row do not sum to 1 over the last axis", hint)
     check_close(w, torch.softmax(scores, -1), name="weights")
     keys_first = scores.transpose(-2, -1)  # (B, S, T): the keys along dim=-2
     try:
         w = fn(keys_first, dim=-2)
     except TypeError as err:
-        fail(f"fn(scores, dim=-2) raised TypeError: {err}",
-             "the signature is my_softmax(scores, mask=None, dim=-1).")
+        fail(
+            f"fn(scores, dim=-2) raised TypeError: {err}",
+            "the signature is my_softmax(scores, mask=None, dim=-1).",
+        )
     check_shape(w, keys_first.shape, "weights for dim=-2")
     if close(w, torch.softmax(keys_first, -1)):
-        fail("fn(scores, dim=-2) normalised the last axis: the dim argument was ignored",
-             "use dim in every reduction (max, sum), with keepdim=True.")
+        fail(
+            "fn(scores, dim=-2) normalised the last axis: the dim argument was ignored",
+            "use dim in every reduction (max, sum), with keepdim=True.",
+        )
     check_close(w, torch.softmax(keys_first, -2), name="weights for dim=-2")
     big = scores * 10 + 1000.0  # exp(1000) overflows float32
     w = fn(big)
     if not torch.isfinite(w).all():
-        fail("scores around 1000 give NaN or inf: exp() overflowed",
-             "softmax does not change when a constant is subtracted from a row; "
-             "choose the constant so that exp never sees a large number.")
+        fail(
+            "scores around 1000 give NaN or inf: exp() overflowed",
+            "softmax does not change when a constant is subtracted from a row; "
+            "choose the constant so that exp never sees a large number.",
+        )
     check_close(w, torch.softmax(big, -1), name="weights for large scores")
     mask = torch.rand(2, 3, 5, generator=gen) > 0.4
     mask[:, :, 0] = True
@@ -121,8 +158,11 @@ def check_stable_softmax(fn: Callable[..., Tensor]) -> bool:
     w = fn(keys_first, mask.transpose(-2, -1), dim=-2)
     check_shape(w, keys_first.shape, "masked weights for dim=-2")
     _check_masked_rows(w, keys_first, mask.transpose(-2, -1), (1, slice(None), 2), -2)
-    check_close(w, masked_softmax(scores, mask).transpose(-2, -1),
-                name="masked weights for dim=-2")
+    check_close(
+        w,
+        masked_softmax(scores, mask).transpose(-2, -1),
+        name="masked weights for dim=-2",
+    )
     return passed("stable masked softmax: any axis, large scores, masks and empty rows")
 
 
@@ -132,23 +172,38 @@ def _diagnose_attention(fn, q, k, v, w, ref_w, mask=None):
     if not close(sums, torch.ones_like(sums)) and mask is None:
         hint = "each query's weights are normalised over the keys, the last axis."
         if close(w.sum(0), torch.ones_like(w[0])):
-            fail("the weights of one query position sum to 1 across the batch: the "
-                 "softmax ran over the batch axis (pitfall P11)", hint)
+            fail(
+                "the weights of one query position sum to 1 across the batch: the "
+                "softmax ran over the batch axis (pitfall P11)",
+                hint,
+            )
         if close(w.sum(-2), torch.ones_like(w[..., 0, :])):
-            fail("each key's column of weights sums to 1: the softmax ran over the "
-                 "queries (dim=-2, pitfall P11)", hint)
-        fail(f"the weights of a query sum to {sums.flatten()[0].item():.3f} over the "
-             "keys, expected 1", hint)
+            fail(
+                "each key's column of weights sums to 1: the softmax ran over the "
+                "queries (dim=-2, pitfall P11)",
+                hint,
+            )
+        fail(
+            f"the weights of a query sum to {sums.flatten()[0].item():.3f} over the "
+            "keys, expected 1",
+            hint,
+        )
     if close(w, torch.full_like(w, 1 / w.shape[-1])) and not close(w, ref_w):
-        fail("every key gets the same weight 1/S: the scores do not depend on q and k",
-             "the weights come from softmax of the scaled scores q k^T.")
+        fail(
+            "every key gets the same weight 1/S: the scores do not depend on q and k",
+            "the weights come from softmax of the scaled scores q k^T.",
+        )
     for wrong, message, hint in (
-        (pitfalls.attention_unscaled,
-         "your weights are softmax(q k^T) without the 1/sqrt(d_k) scale (pitfall P12)",
-         "the scores need one more factor before the softmax; see 'Why divide'."),
-        (pitfalls.attention_scaled_by_d_k,
-         "your weights are too flat: the scores were divided by d_k",
-         "the variance of q . k is d_k: divide by its standard deviation."),
+        (
+            pitfalls.attention_unscaled,
+            "your weights are softmax(q k^T) without the 1/sqrt(d_k) scale (pitfall P12)",
+            "the scores need one more factor before the softmax; see 'Why divide'.",
+        ),
+        (
+            pitfalls.attention_scaled_by_d_k,
+            "your weights are too flat: the scores were divided by d_k",
+            "the variance of q . k is d_k: divide by its standard deviation.",
+        ),
     ):
         if close(w, wrong(q, k, v, mask)[1]) and not close(w, ref_w):
             fail(message, hint)
@@ -176,26 +231,38 @@ def check_masked_attention(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
         ref_out, ref_w = scaled_dot_product_attention(q, k, v)
         _diagnose_attention(fn, q, k, v, w, ref_w)
         check_close(w, ref_w, name="weights")
-        check_close(out, ref_out, name="out",
-                    hint="the weights are right: out = weights @ v.")
+        check_close(
+            out, ref_out, name="out", hint="the weights are right: out = weights @ v."
+        )
         if b > 1:
             perm = torch.randperm(b, generator=gen)
             out_p, _ = out_and_weights(fn(q[perm], k[perm], v[perm]))
             if not close(out_p, out[perm]):
-                fail("permuting the batch does not permute the outputs: batch items "
-                     "leak into each other (pitfall P11)",
-                     "never normalise or transpose over dim 0.")
+                fail(
+                    "permuting the batch does not permute the outputs: batch items "
+                    "leak into each other (pitfall P11)",
+                    "never normalise or transpose over dim 0.",
+                )
     q, k, v = random_qkv(gen, (2,), 3, 4, 8, 5)
-    mask = torch.tensor([[True, True, False, False], [True, True, True, False],
-                         [False, False, False, False]])  # (T, S): last query sees nothing
+    mask = torch.tensor(
+        [
+            [True, True, False, False],
+            [True, True, True, False],
+            [False, False, False, False],
+        ]
+    )  # (T, S): last query sees nothing
     out, w = out_and_weights(fn(q, k, v, mask))
     check_shape(w, (2, 3, 4), "masked weights")
     ref_out, ref_w = scaled_dot_product_attention(q, k, v, mask)
     scores = q @ k.transpose(-2, -1) / math.sqrt(8)
     _check_masked_rows(w, scores, mask, (slice(None), 2))
     check_close(w, ref_w, name="masked weights")
-    check_close(out, ref_out, name="masked out",
-                hint="the weights are right: out = weights @ v.")
+    check_close(
+        out,
+        ref_out,
+        name="masked out",
+        hint="the weights are right: out = weights @ v.",
+    )
     return passed("scaled, masked attention matches the library on 4 inputs")
 
 
@@ -214,8 +281,10 @@ def check_attention_bthd(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
             inverted mask (P3), NaN (P1) or uniform (P6) rows, or the first wrong value.
     """
     gen = torch.Generator().manual_seed(12)
-    for b, t, s, h, d, dv, padded in ((1, 2, 3, 4, 8, 5, False),
-                                      (2, 3, 5, 4, 6, 7, True)):
+    for b, t, s, h, d, dv, padded in (
+        (1, 2, 3, 4, 8, 5, False),
+        (2, 3, 5, 4, 6, 7, True),
+    ):
         q, k, v = random_qkv(gen, (b, h), t, s, d, dv)  # (B, H, T, d): the reference
         kpm = None
         if padded:
@@ -226,8 +295,11 @@ def check_attention_bthd(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
         out, w = out_and_weights(fn(*bthd, kpm) if padded else fn(*bthd))
         check_shape(w, (b, h, t, s), "weights")
         if isinstance(out, Tensor) and tuple(out.shape) == (b, h, t, dv) and h != t:
-            fail("out has shape (B, H, T, d_v): the layout asked for is (B, T, H, d_v)",
-                 "undo the axis change you made on the way in.", kind=ShapeError)
+            fail(
+                "out has shape (B, H, T, d_v): the layout asked for is (B, T, H, d_v)",
+                "undo the axis change you made on the way in.",
+                kind=ShapeError,
+            )
         check_shape(out, (b, t, h, dv), "out")
         mask = None if kpm is None else kpm[:, None, None, :]  # (B, 1, 1, S)
         ref_out, ref_w = scaled_dot_product_attention(q, k, v, mask)
@@ -237,6 +309,10 @@ def check_attention_bthd(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
             scores = q @ k.transpose(-2, -1) / math.sqrt(d)
             _check_masked_rows(w, scores, mask, (1,))
         check_close(w, ref_w, name="weights")
-        check_close(out, ref_out.transpose(1, 2), name="out",
-                    hint="the weights are right: look at weights @ v and its layout.")
+        check_close(
+            out,
+            ref_out.transpose(1, 2),
+            name="out",
+            hint="the weights are right: look at weights @ v and its layout.",
+        )
     return passed("attention in the (B, T, H, d) layout with a key padding mask")

@@ -26,15 +26,25 @@ from transformer_course.exercises._common import (
 _SIZES = ((2, 3, 20, 4), (3, 5, 12, 2), (1, 2, 24, 3))
 
 _SPLIT_MISTAKES = (
-    (pitfalls.split_heads_view_only,
-     ("head 0 holds all the features of the first tokens: the features were cut into "
-     "(H, T, d_k) blocks of memory, not per token (pitfall P8)"),
-     ("cut each token's feature axis into (H, d_k) first; only then move the head "
-     "axis.")),
-    (pitfalls.split_heads_interleaved,
-     ("head 0 holds every H-th feature instead of one contiguous slice of d_k "
-     "features"),
-     "head h owns features h*d_k to (h+1)*d_k: the head index is the slower one."),
+    (
+        pitfalls.split_heads_view_only,
+        (
+            "head 0 holds all the features of the first tokens: the features were cut into "
+            "(H, T, d_k) blocks of memory, not per token (pitfall P8)"
+        ),
+        (
+            "cut each token's feature axis into (H, d_k) first; only then move the head "
+            "axis."
+        ),
+    ),
+    (
+        pitfalls.split_heads_interleaved,
+        (
+            "head 0 holds every H-th feature instead of one contiguous slice of d_k "
+            "features"
+        ),
+        "head h owns features h*d_k to (h+1)*d_k: the head index is the slower one.",
+    ),
 )
 
 
@@ -46,9 +56,12 @@ def _split_reference(x: Tensor, n_heads: int) -> Tensor:
 def _diagnose_split(heads, x: Tensor, h: int, name: str) -> None:
     b, t, d = x.shape
     if isinstance(heads, Tensor) and tuple(heads.shape) == (b, t, h, d // h):
-        fail(f"{name} has shape (B, T, H, d_k) = {tuple(heads.shape)}: axis 1 still "
-             "runs over the tokens", "the heads must come before the tokens: "
-             "(B, H, T, d_k).", kind=ShapeError)
+        fail(
+            f"{name} has shape (B, T, H, d_k) = {tuple(heads.shape)}: axis 1 still "
+            "runs over the tokens",
+            "the heads must come before the tokens: (B, H, T, d_k).",
+            kind=ShapeError,
+        )
     check_shape(heads, (b, h, t, d // h), name)
     for wrong, message, hint in _SPLIT_MISTAKES:
         if torch.equal(heads, wrong(x, h)):
@@ -88,35 +101,52 @@ def check_split_qkv(fn: Callable[[Tensor, int], tuple]) -> bool:
         qkv = torch.arange(b * t * 3 * d, dtype=torch.float32).view(b, t, 3 * d)
         result = fn(qkv, h)
         if not (isinstance(result, (tuple, list)) and len(result) == 3):
-            fail("expected the tuple (q, k, v)", "return the three tensors.",
-                 kind=ShapeError)
+            fail(
+                "expected the tuple (q, k, v)",
+                "return the three tensors.",
+                kind=ShapeError,
+            )
         parts = [p.contiguous() for p in qkv.split(d, dim=-1)]  # (B, T, D) each
         per_head = pitfalls.split_qkv_per_head(qkv, h)
         for name, got, part in zip("qkv", result, parts):
             if isinstance(got, Tensor) and tuple(got.shape) == (b, h, t, d // h):
                 for other, wrong in zip("qkv", parts):
                     if other != name and torch.equal(got, _split_reference(wrong, h)):
-                        fail(f"your {name} holds the features of {other}",
-                             "the fused features are [q | k | v], in that order.")
+                        fail(
+                            f"your {name} holds the features of {other}",
+                            "the fused features are [q | k | v], in that order.",
+                        )
                 if torch.equal(got, per_head["qkv".index(name)]):
-                    fail(f"your {name} was cut out of each head's slice: the features "
-                         "were read as [q_0 k_0 v_0 | q_1 k_1 v_1 | ...]",
-                         "here the fused features are [all of q | all of k | all of "
-                         "v]: separate q, k, v before splitting into heads.")
+                    fail(
+                        f"your {name} was cut out of each head's slice: the features "
+                        "were read as [q_0 k_0 v_0 | q_1 k_1 v_1 | ...]",
+                        "here the fused features are [all of q | all of k | all of "
+                        "v]: separate q, k, v before splitting into heads.",
+                    )
             _diagnose_split(got, part, h, name)
     return passed("fused projection split into q, k, v heads on 3 inputs")
 
 
 _MERGE_MISTAKES = (
-    (pitfalls.merge_heads_no_transpose,
-     ("token 0 of the result holds head 0's tokens 0, 1, ...: (B, H, T, d_k) was "
-     "reshaped straight to (B, T, H*d_k) (pitfall P9)"),
-     ("a reshape reads memory in order: put the axes in the order of the result "
-     "first (and mind pitfall P10).")),
-    (pitfalls.merge_heads_interleaved,
-     ("each token's features alternate between heads: the concatenation runs "
-     "feature by feature, (d_k, H), instead of head by head, (H, d_k)"),
-     "token t must read [head 0 of t | head 1 of t | ...]."),
+    (
+        pitfalls.merge_heads_no_transpose,
+        (
+            "token 0 of the result holds head 0's tokens 0, 1, ...: (B, H, T, d_k) was "
+            "reshaped straight to (B, T, H*d_k) (pitfall P9)"
+        ),
+        (
+            "a reshape reads memory in order: put the axes in the order of the result "
+            "first (and mind pitfall P10)."
+        ),
+    ),
+    (
+        pitfalls.merge_heads_interleaved,
+        (
+            "each token's features alternate between heads: the concatenation runs "
+            "feature by feature, (d_k, H), instead of head by head, (H, d_k)"
+        ),
+        "token t must read [head 0 of t | head 1 of t | ...].",
+    ),
 )
 
 
@@ -134,9 +164,12 @@ def check_merge_heads(fn: Callable[[Tensor], Tensor]) -> bool:
         heads = torch.arange(b * t * d, dtype=torch.float32).view(b, h, t, d // h)
         merged = fn(heads)
         if isinstance(merged, Tensor) and tuple(merged.shape) == (b, t, h, d // h):
-            fail(f"merged has shape (B, T, H, d_k) = {tuple(merged.shape)}: the "
-                 "heads were moved but not concatenated",
-                 "the last two axes must become one of size H * d_k.", kind=ShapeError)
+            fail(
+                f"merged has shape (B, T, H, d_k) = {tuple(merged.shape)}: the "
+                "heads were moved but not concatenated",
+                "the last two axes must become one of size H * d_k.",
+                kind=ShapeError,
+            )
         check_shape(merged, (b, t, d), "merged")
         for wrong, message, hint in _MERGE_MISTAKES:
             if torch.equal(merged, wrong(heads)):
@@ -166,46 +199,73 @@ def check_merge_folded_heads(fn: Callable[[Tensor, int], Tensor]) -> bool:
         if torch.equal(merged, ref):
             continue
         if torch.equal(merged, pitfalls.merge_folded_heads_buggy(folded, h)):
-            fail(f"with a batch of {b} the tokens of different batch items end up "
-                 "in one row: the batch axis was folded into the token axis",
-                 "split the first axis back into (B, H) before anything else.")
-        if torch.equal(merged, folded.view(h, b, t, dk).permute(1, 2, 0, 3)
-                       .reshape(b, t, d)):
-            fail("the rows were read head-major (row h * B + b)",
-                 "row b * H + h holds head h of item b: the batch index is the "
-                 "slower one.")
+            fail(
+                f"with a batch of {b} the tokens of different batch items end up "
+                "in one row: the batch axis was folded into the token axis",
+                "split the first axis back into (B, H) before anything else.",
+            )
+        if torch.equal(
+            merged, folded.view(h, b, t, dk).permute(1, 2, 0, 3).reshape(b, t, d)
+        ):
+            fail(
+                "the rows were read head-major (row h * B + b)",
+                "row b * H + h holds head h of item b: the batch index is the "
+                "slower one.",
+            )
         if torch.equal(merged, folded.reshape(b, t, d)):
-            fail("token 0 holds one head's tokens 0, 1, ...: (B * H, T, d_k) was "
-                 "reshaped straight to (B, T, H * d_k) (pitfall P9)",
-                 "a reshape reads memory in order: bring the axes into the order of "
-                 "the result first.")
+            fail(
+                "token 0 holds one head's tokens 0, 1, ...: (B * H, T, d_k) was "
+                "reshaped straight to (B, T, H * d_k) (pitfall P9)",
+                "a reshape reads memory in order: bring the axes into the order of "
+                "the result first.",
+            )
         check_close(merged, ref, name="merged")
     return passed("folded heads merged per batch item and token on 3 inputs")
 
 
 _MHA_MISTAKES = (
-    (pitfalls.multi_head_x_at_w,
-     ("your projections compute x @ w; the weights are stored (out, in), as in "
-     "nn.Linear"),
-     ("the paper writes Q W^Q with W^Q of shape (in, out); here you hold its "
-     "transpose.")),
-    (pitfalls.multi_head_split_view_only,
-     ("the heads were split with view(B, H, T, d_k): each head sees features of "
-     "several tokens (pitfall P8)"),
-     "run your split on a small arange tensor and look at head 0."),
-    (pitfalls.multi_head_merge_no_transpose,
-     ("the weights are right but the heads were merged with a straight reshape: "
-     "tokens mixed (pitfall P9)"),
-     "run your merge on a small arange tensor and look at token 0."),
-    (pitfalls.multi_head_inverted_mask,
-     "the mask is inverted: the weights sit on the keys the mask hides (pitfall P3)",
-     "here True means 'may attend', the opposite of nn.MultiheadAttention."),
-    (pitfalls.multi_head_scaled_by_d_model,
-     "the scores were divided by sqrt(d_model): each head's scores use its own d_k",
-     "the scale belongs to one head's dot product."),
-    (pitfalls.multi_head_no_out_proj,
-     "out is the concatenation of the heads: the output projection w_o is missing",
-     "the last step mixes the heads with one more projection."),
+    (
+        pitfalls.multi_head_x_at_w,
+        (
+            "your projections compute x @ w; the weights are stored (out, in), as in "
+            "nn.Linear"
+        ),
+        (
+            "the paper writes Q W^Q with W^Q of shape (in, out); here you hold its "
+            "transpose."
+        ),
+    ),
+    (
+        pitfalls.multi_head_split_view_only,
+        (
+            "the heads were split with view(B, H, T, d_k): each head sees features of "
+            "several tokens (pitfall P8)"
+        ),
+        "run your split on a small arange tensor and look at head 0.",
+    ),
+    (
+        pitfalls.multi_head_merge_no_transpose,
+        (
+            "the weights are right but the heads were merged with a straight reshape: "
+            "tokens mixed (pitfall P9)"
+        ),
+        "run your merge on a small arange tensor and look at token 0.",
+    ),
+    (
+        pitfalls.multi_head_inverted_mask,
+        "the mask is inverted: the weights sit on the keys the mask hides (pitfall P3)",
+        "here True means 'may attend', the opposite of nn.MultiheadAttention.",
+    ),
+    (
+        pitfalls.multi_head_scaled_by_d_model,
+        "the scores were divided by sqrt(d_model): each head's scores use its own d_k",
+        "the scale belongs to one head's dot product.",
+    ),
+    (
+        pitfalls.multi_head_no_out_proj,
+        "out is the concatenation of the heads: the output projection w_o is missing",
+        "the last step mixes the heads with one more projection.",
+    ),
 )
 
 
@@ -238,15 +298,18 @@ def check_multi_head_attention(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool
         mask = None
         if masked:
             mask = torch.ones(b, 1, 1, s, dtype=torch.bool)
-            mask[-1, ..., s // 2:] = False  # padding in the last item
+            mask[-1, ..., s // 2 :] = False  # padding in the last item
         out, weights = out_and_weights(fn(x, mem, mem, *ws, h, mask))
         with torch.no_grad():
             ref_out, ref_w = ref(x, mem, mem, mask)
         check_shape(out, (b, t, d), "out")
         if isinstance(weights, Tensor) and tuple(weights.shape) == (b, t, s):
-            fail("weights have shape (B, T, S): they were averaged over the heads "
-                 "(pitfall P13)", "return the per-head weights, (B, H, T, S).",
-                 kind=ShapeError)
+            fail(
+                "weights have shape (B, T, S): they were averaged over the heads "
+                "(pitfall P13)",
+                "return the per-head weights, (B, H, T, S).",
+                kind=ShapeError,
+            )
         check_shape(weights, (b, h, t, s), "weights")
         if not (close(weights, ref_w) and close(out, ref_out)):
             for wrong, message, hint in _MHA_MISTAKES:
@@ -254,6 +317,10 @@ def check_multi_head_attention(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool
                 if close(out, w_out) and close(weights, w_w):
                     fail(message, hint)
         check_close(weights, ref_w, name="weights")
-        check_close(out, ref_out, name="out",
-                    hint="the weights are right: look at the merge and w_o.")
+        check_close(
+            out,
+            ref_out,
+            name="out",
+            hint="the weights are right: look at the merge and w_o.",
+        )
     return passed("multi-head attention matches the library's MultiHeadAttention")

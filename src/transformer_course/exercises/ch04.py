@@ -34,10 +34,12 @@ def check_sinusoidal_encoding(fn: Callable[[int, int], Tensor]) -> bool:
         except NotImplementedError:
             raise  # the stub: "not attempted yet"
         except (RuntimeError, IndexError, ValueError) as err:
-            fail(f"fn({max_len}, {d}) raised {type(err).__name__}: {err}",
-                  "with an odd d_model there is one more sine column than cosine columns "
-                  "(pitfall P15): fill pe[:, 0::2] and pe[:, 1::2] with angles sliced "
-                  "to their own widths.")
+            fail(
+                f"fn({max_len}, {d}) raised {type(err).__name__}: {err}",
+                "with an odd d_model there is one more sine column than cosine columns "
+                "(pitfall P15): fill pe[:, 0::2] and pe[:, 1::2] with angles sliced "
+                "to their own widths.",
+            )
         check_shape(out, (max_len, d), f"fn({max_len}, {d})")
         out = out.detach().double()
         ref = sinusoidal_encoding(max_len, d, dtype=torch.float64)
@@ -47,19 +49,25 @@ def check_sinusoidal_encoding(fn: Callable[[int, int], Tensor]) -> bool:
         if d % 2 == 0:
             ang = pos * 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
             if torch.allclose(out, torch.cat((ang.sin(), ang.cos()), -1), atol=1e-5):
-                fail("your sines fill the first half of the columns and the cosines "
-                      "the second half",
-                      "the paper interleaves them: column 2i is a sine, column 2i+1 "
-                      "the cosine of the same angle.")
+                fail(
+                    "your sines fill the first half of the columns and the cosines "
+                    "the second half",
+                    "the paper interleaves them: column 2i is a sine, column 2i+1 "
+                    "the cosine of the same angle.",
+                )
             if torch.allclose(out[:, 0::2], ref[:, 1::2], atol=1e-5):
-                fail("columns 0, 2, 4, ... hold cosines: sines and cosines are swapped",
-                      "PE[pos, 2i] = sin(pos w_i); row 0 starts 0, 1, 0, 1, ...")
+                fail(
+                    "columns 0, 2, 4, ... hold cosines: sines and cosines are swapped",
+                    "PE[pos, 2i] = sin(pos w_i); row 0 starts 0, 1, 0, 1, ...",
+                )
             cols = torch.arange(0, d, 2, dtype=torch.float64)
             wrong = pos * 10000.0 ** (-(cols / 2) / d)
             if torch.allclose(out[:, 0::2], wrong.sin(), atol=1e-5):
-                fail("the frequencies use i / d_model, not 2i / d_model",
-                      "w_i = 10000 ** (-2 * i / d_model) for pair i; the exponent of "
-                      "column 2i is that column index over d_model.")
+                fail(
+                    "the frequencies use i / d_model, not 2i / d_model",
+                    "w_i = 10000 ** (-2 * i / d_model) for pair i; the exponent of "
+                    "column 2i is that column index over d_model.",
+                )
         check_close(out, ref, atol=1e-5, name=f"fn({max_len}, {d})")
     return passed("sinusoidal table right for d_model = 4, 16, 5 (odd) and 1")
 
@@ -85,16 +93,24 @@ def check_rotary_half(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
         ref = apply_rotary(x, positions, layout="half")
         if torch.allclose(out, ref, atol=1e-5):
             continue
-        if torch.allclose(out, apply_rotary(x, positions, layout="interleaved"), atol=1e-5):
-            fail("you rotated neighbouring pairs (x0, x1), (x2, x3): the interleaved "
-                  "layout",
-                  "this exercise pairs x_i with x_{i + d/2}: split x into two halves.")
+        if torch.allclose(
+            out, apply_rotary(x, positions, layout="interleaved"), atol=1e-5
+        ):
+            fail(
+                "you rotated neighbouring pairs (x0, x1), (x2, x3): the interleaved "
+                "layout",
+                "this exercise pairs x_i with x_{i + d/2}: split x into two halves.",
+            )
         if torch.allclose(out, apply_rotary(x, -positions, layout="half"), atol=1e-5):
-            fail("the rotation runs backwards (by -pos * theta_i)",
-                  "first half: x1 * cos - x2 * sin; second half: x1 * sin + x2 * cos.")
+            fail(
+                "the rotation runs backwards (by -pos * theta_i)",
+                "first half: x1 * cos - x2 * sin; second half: x1 * sin + x2 * cos.",
+            )
         if not torch.allclose(out.norm(dim=-1), x.norm(dim=-1), atol=1e-4):
-            fail("the norm of a vector changed: this is not a rotation",
-                  "each pair must use the cos and sin of one and the same angle.")
+            fail(
+                "the norm of a vector changed: this is not a rotation",
+                "each pair must use the cos and sin of one and the same angle.",
+            )
         check_close(out, ref, atol=1e-5, name="output")
     return passed("rotary (half layout) matches the library, offsets included")
 
@@ -113,8 +129,9 @@ def check_new_token_positions(fn: Callable[[Tensor, int], Tensor]) -> bool:
     from transformer_course.positional import position_ids
 
     keep_full = torch.ones(1, 7, dtype=torch.bool)
-    keep_left = torch.tensor([[False, False, True, True, True, True],
-                              [True, True, True, True, True, True]])
+    keep_left = torch.tensor(
+        [[False, False, True, True, True, True], [True, True, True, True, True, True]]
+    )
     for keep, n_new in ((keep_full, 3), (keep_full, 1), (keep_left, 2)):
         out = fn(keep, n_new)
         check_shape(out, (keep.shape[0], n_new), "positions")
@@ -122,16 +139,22 @@ def check_new_token_positions(fn: Callable[[Tensor, int], Tensor]) -> bool:
         if torch.equal(out.long(), ref):
             continue
         if torch.equal(out.long(), torch.arange(n_new).expand_as(ref)):
-            fail(f"the {n_new} new token(s) got positions {out[0].tolist()}: they were "
-                  "numbered from 0 within the new chunk, as if the cache were empty "
-                  f"(pitfall P16); expected {ref[0].tolist()}",
-                  "a new token's position is the number of tokens before it.")
+            fail(
+                f"the {n_new} new token(s) got positions {out[0].tolist()}: they were "
+                "numbered from 0 within the new chunk, as if the cache were empty "
+                f"(pitfall P16); expected {ref[0].tolist()}",
+                "a new token's position is the number of tokens before it.",
+            )
         naive = torch.arange(keep.shape[1] - n_new, keep.shape[1]).expand_as(ref)
         if torch.equal(out.long(), naive):
-            fail(f"row 0 got positions {out[0].tolist()}, expected {ref[0].tolist()}: "
-                  "the left padding was counted",
-                  "count real tokens only: keep.cumsum(-1) - 1, then the last n_new "
-                  "columns.")
-        fail(f"positions {out.tolist()}, expected {ref.tolist()} "
-              f"(keep = {keep.int().tolist()}, n_new = {n_new})")
+            fail(
+                f"row 0 got positions {out[0].tolist()}, expected {ref[0].tolist()}: "
+                "the left padding was counted",
+                "count real tokens only: keep.cumsum(-1) - 1, then the last n_new "
+                "columns.",
+            )
+        fail(
+            f"positions {out.tolist()}, expected {ref.tolist()} "
+            f"(keep = {keep.int().tolist()}, n_new = {n_new})"
+        )
     return passed("new tokens get their absolute positions, with and without padding")

@@ -27,18 +27,26 @@ from transformer_course.exercises._properties import (
 )
 
 _REFERENCE_MISTAKES = (
-    (pitfalls.attention_unscaled,
-     "the output is softmax(q k^T) v without the 1/sqrt(d_k) scale (pitfall P12)",
-     "the scores need one more factor before the softmax (chapter 2)."),
-    (pitfalls.attention_softmax_over_queries,
-     "the softmax ran over the queries (dim=-2), not over the keys (pitfall P11)",
-     "each query's weights must sum to 1 over the keys: the last axis."),
-    (pitfalls.attention_ignores_qk,
-     "the output is a plain average of the visible values: q and k are not used",
-     "the weights come from the softmax of the scaled scores q k^T."),
-    (pitfalls.attention_scaled_by_d_k,
-     "the scores were divided by d_k instead of sqrt(d_k)",
-     "the variance of q . k is d_k: divide by its standard deviation."),
+    (
+        pitfalls.attention_unscaled,
+        "the output is softmax(q k^T) v without the 1/sqrt(d_k) scale (pitfall P12)",
+        "the scores need one more factor before the softmax (chapter 2).",
+    ),
+    (
+        pitfalls.attention_softmax_over_queries,
+        "the softmax ran over the queries (dim=-2), not over the keys (pitfall P11)",
+        "each query's weights must sum to 1 over the keys: the last axis.",
+    ),
+    (
+        pitfalls.attention_ignores_qk,
+        "the output is a plain average of the visible values: q and k are not used",
+        "the weights come from the softmax of the scaled scores q k^T.",
+    ),
+    (
+        pitfalls.attention_scaled_by_d_k,
+        "the scores were divided by d_k instead of sqrt(d_k)",
+        "the variance of q . k is d_k: divide by its standard deviation.",
+    ),
 )
 
 
@@ -60,16 +68,21 @@ def _compare_with_reference(fn, name: str, masked: bool) -> None:
     if torch.allclose(out.detach(), ref, atol=1e-5):
         return
     if not masked and (~torch.isfinite(out) | (out == 0)).all():
-        fail(f"{name}: with a mask that is all True (every key visible) the output "
-             "is 0 or NaN: the mask is inverted (pitfall P3)",
-             "here True means 'may attend', the opposite of nn.MultiheadAttention.")
+        fail(
+            f"{name}: with a mask that is all True (every key visible) the output "
+            "is 0 or NaN: the mask is inverted (pitfall P3)",
+            "here True means 'may attend', the opposite of nn.MultiheadAttention.",
+        )
     q2 = q.clone()
     q2[..., -1, :] += 1.0  # change only the last query
     out2 = first_output(fn(q2, k, v, mask))
     if not torch.allclose(out2[..., :-1, :], out[..., :-1, :], atol=1e-5):
-        fail(f"{name}: changing only the last query changed the outputs of the other "
-             "queries: the softmax normalised over the queries, not the keys "
-             "(pitfall P11)", "each query's weights must sum to 1 over the keys.")
+        fail(
+            f"{name}: changing only the last query changed the outputs of the other "
+            "queries: the softmax normalised over the queries, not the keys "
+            "(pitfall P11)",
+            "each query's weights must sum to 1 over the keys.",
+        )
     for wrong, message, hint in _REFERENCE_MISTAKES:
         if torch.allclose(out.detach(), wrong(q, k, v, mask)[0], atol=1e-5):
             fail(f"{name}: {message}", hint)
@@ -88,8 +101,12 @@ def check_attention_properties(fn: Callable[..., Tensor], *, name: str = "fn") -
             ignores q and k, or the first property that fails.
     """
     _compare_with_reference(fn, name, masked=False)
-    for check in (check_mask_polarity, check_causal_leakage, check_padding_invariance,
-                  check_fully_masked_rows):
+    for check in (
+        check_mask_polarity,
+        check_causal_leakage,
+        check_padding_invariance,
+        check_fully_masked_rows,
+    ):
         check.strict(fn, name=name)
     _compare_with_reference(fn, name, masked=True)
     return passed(f"{name}: matches the reference, and all four mask properties hold")
@@ -114,26 +131,37 @@ def check_causal_mask(fn: Callable[[int, int], Tensor]) -> bool:
         out = fn(t, s)
         check_shape(out, (t, s), f"fn({t}, {s})")
         if out.dtype != torch.bool:
-            fail(f"fn({t}, {s}) has dtype {out.dtype}, expected torch.bool",
-                 "a comparison of index tensors gives a bool tensor.", kind=ShapeError)
+            fail(
+                f"fn({t}, {s}) has dtype {out.dtype}, expected torch.bool",
+                "a comparison of index tensors gives a bool tensor.",
+                kind=ShapeError,
+            )
         ref = causal_mask(t, s)
         if torch.equal(out, ref):
             continue
         if torch.equal(out, ~ref):
-            fail(f"fn({t}, {s}) is inverted: True marks the future",
-                  "True = may attend; key j is visible when it is not in the future.")
+            fail(
+                f"fn({t}, {s}) is inverted: True marks the future",
+                "True = may attend; key j is visible when it is not in the future.",
+            )
         if torch.equal(out, torch.tril(torch.ones(t, s, dtype=torch.bool), s - t - 1)):
-            fail(f"fn({t}, {s}) hides the diagonal: a token may attend to itself",
-                  "use <=, not <.")
+            fail(
+                f"fn({t}, {s}) hides the diagonal: a token may attend to itself",
+                "use <=, not <.",
+            )
         if t != s and torch.equal(out, pitfalls.causal_mask_wrong_offset(t, s)):
-            fail(f"fn({t}, {s}) hides keys the last queries must see: the diagonal "
-                 "offset points the wrong way",
-                 "with more keys than queries, query i may see more than i + 1 keys.")
+            fail(
+                f"fn({t}, {s}) hides keys the last queries must see: the diagonal "
+                "offset points the wrong way",
+                "with more keys than queries, query i may see more than i + 1 keys.",
+            )
         if torch.equal(out, pitfalls.causal_mask_top_left(t, s)):
-            fail(f"fn({t}, {s}) is aligned top-left: query 0 sees only key 0. With "
-                  f"{s} keys and {t} queries (decoding with a cache) the queries are the "
-                  f"last {t} tokens",
-                  "query i sits at position i + k_len - q_len.")
+            fail(
+                f"fn({t}, {s}) is aligned top-left: query 0 sees only key 0. With "
+                f"{s} keys and {t} queries (decoding with a cache) the queries are the "
+                f"last {t} tokens",
+                "query i sits at position i + k_len - q_len.",
+            )
         check_close(out.int(), ref.int(), name=f"fn({t}, {s})")
     return passed("causal masks right, square and bottom-right aligned")
 
@@ -149,24 +177,33 @@ def check_padding_mask(fn: Callable[[Tensor, int], Tensor]) -> bool:
     """
     from transformer_course.masks import padding_mask
 
-    for tokens, pad in ((torch.tensor([[5, 7, 0, 0]]), 0),
-                        (torch.tensor([[3, 1, 2], [4, 9, 9]]), 9)):
+    for tokens, pad in (
+        (torch.tensor([[5, 7, 0, 0]]), 0),
+        (torch.tensor([[3, 1, 2], [4, 9, 9]]), 9),
+    ):
         b, s = tokens.shape
         out = fn(tokens, pad)
         if isinstance(out, Tensor) and tuple(out.shape) == (b, 1, s, 1):
-            fail(f"the mask has shape (B, 1, S, 1) = {tuple(out.shape)}: it hides padded "
-                  "queries (rows), not padded keys (columns), so real tokens still "
-                  "attend to padding (pitfall P5)",
-                  "padding is a property of the keys: the mask must vary along the "
-                  "last axis, the keys' axis.")
+            fail(
+                f"the mask has shape (B, 1, S, 1) = {tuple(out.shape)}: it hides padded "
+                "queries (rows), not padded keys (columns), so real tokens still "
+                "attend to padding (pitfall P5)",
+                "padding is a property of the keys: the mask must vary along the "
+                "last axis, the keys' axis.",
+            )
         check_shape(out, (b, 1, 1, s), "mask")
         if out.dtype != torch.bool:
-            fail(f"the mask has dtype {out.dtype}, expected torch.bool",
-                 "a comparison such as == or != gives a bool tensor.", kind=ShapeError)
+            fail(
+                f"the mask has dtype {out.dtype}, expected torch.bool",
+                "a comparison such as == or != gives a bool tensor.",
+                kind=ShapeError,
+            )
         ref = padding_mask(tokens, pad)
         if torch.equal(out, ~ref):
-            fail("the mask is inverted: True marks the padding",
-                  "True = may attend, so True for real tokens: tokens != pad_id.")
+            fail(
+                "the mask is inverted: True marks the padding",
+                "True = may attend, so True for real tokens: tokens != pad_id.",
+            )
         check_close(out.int(), ref.int(), name="mask")
     return passed("padding mask (B, 1, 1, S) hides padded keys")
 
@@ -185,36 +222,65 @@ def check_decoder_mask(fn: Callable[[Tensor, int], Tensor]) -> bool:
     """
     from transformer_course.masks import causal_mask, padding_mask
 
-    for tokens, pad in ((torch.tensor([[5, 7, 3, 0, 0]]), 0),
-                        (torch.tensor([[9, 9, 4, 1], [3, 1, 2, 6], [4, 8, 9, 9]]), 9)):
+    for tokens, pad in (
+        (torch.tensor([[5, 7, 3, 0, 0]]), 0),
+        (torch.tensor([[9, 9, 4, 1], [3, 1, 2, 6], [4, 8, 9, 9]]), 9),
+    ):
         b, t = tokens.shape
         out = fn(tokens, pad)
         check_shape(out, (b, 1, t, t), "mask")
         if out.dtype != torch.bool:
-            fail(f"the mask has dtype {out.dtype}, expected torch.bool",
-                 "combine bool masks with logical operators, not with + or *.",
-                 kind=ShapeError)
+            fail(
+                f"the mask has dtype {out.dtype}, expected torch.bool",
+                "combine bool masks with logical operators, not with + or *.",
+                kind=ShapeError,
+            )
         causal, keys = causal_mask(t), padding_mask(tokens, pad)
         queries = (tokens != pad)[:, None, :, None]
         ref = causal & keys
         if torch.equal(out, ref):
             continue
         if torch.equal(out, ~ref):
-            fail("the mask is inverted: True marks what must be hidden",
-                 "True = may attend.")
+            fail(
+                "the mask is inverted: True marks what must be hidden",
+                "True = may attend.",
+            )
         for wrong, message in (
-                (causal & queries, ("the padding part varies along the queries (rows), "
-                 "so real tokens still attend to padded keys (pitfall P5)")),
-                (causal | queries, ("the two masks were combined with 'or', and the "
-                 "padding part varies along the queries (pitfall P5)")),
-                (causal | keys, ("the two masks were combined with 'or': a key is "
-                 "visible when either mask allows it")),
-                (causal.expand_as(ref), ("padded keys are visible: only the causal part "
-                 "is there")),
-                (keys.expand_as(ref), ("future keys are visible: only the padding part "
-                 "is there"))):
+            (
+                causal & queries,
+                (
+                    "the padding part varies along the queries (rows), "
+                    "so real tokens still attend to padded keys (pitfall P5)"
+                ),
+            ),
+            (
+                causal | queries,
+                (
+                    "the two masks were combined with 'or', and the "
+                    "padding part varies along the queries (pitfall P5)"
+                ),
+            ),
+            (
+                causal | keys,
+                (
+                    "the two masks were combined with 'or': a key is "
+                    "visible when either mask allows it"
+                ),
+            ),
+            (
+                causal.expand_as(ref),
+                ("padded keys are visible: only the causal part is there"),
+            ),
+            (
+                keys.expand_as(ref),
+                ("future keys are visible: only the padding part is there"),
+            ),
+        ):
             if torch.equal(out, wrong):
-                fail(message, "a key is visible only if it is in the past (or now) "
-                     "and it is a real token.")
+                fail(
+                    message,
+                    "a key is visible only if it is in the past (or now) "
+                    "and it is a real token.",
+                )
         check_close(out.int(), ref.int(), name="mask")
     return passed("decoder mask: causal and padding combined, (B, 1, T, T)")

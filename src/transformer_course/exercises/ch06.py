@@ -34,18 +34,24 @@ def check_noam_lr(fn: Callable[[int, int, int], float]) -> bool:
             if math.isclose(got, want, rel_tol=1e-6):
                 continue
             if math.isclose(got, want * math.sqrt(d_model), rel_tol=1e-6):
-                fail(f"fn({step}, {d_model}, {warmup}) = {got:.3g}, expected "
-                      f"{want:.3g}: off by a factor sqrt(d_model)",
-                      "multiply by d_model ** -0.5.")
+                fail(
+                    f"fn({step}, {d_model}, {warmup}) = {got:.3g}, expected "
+                    f"{want:.3g}: off by a factor sqrt(d_model)",
+                    "multiply by d_model ** -0.5.",
+                )
             if step != warmup and math.isclose(
                 got, d_model**-0.5 * max(step**-0.5, step * warmup**-1.5), rel_tol=1e-6
             ):
-                fail(f"fn({step}, {d_model}, {warmup}) = {got:.3g}, expected "
-                      f"{want:.3g}: max instead of min",
-                      "the rate is the smaller of the rising and the decaying branch.")
-            fail(f"fn({step}, {d_model}, {warmup}) = {got:.6g}, expected {want:.6g}",
-                  "rising branch step * warmup ** -1.5, decaying branch step ** -0.5; "
-                  "they meet at step = warmup.")
+                fail(
+                    f"fn({step}, {d_model}, {warmup}) = {got:.3g}, expected "
+                    f"{want:.3g}: max instead of min",
+                    "the rate is the smaller of the rising and the decaying branch.",
+                )
+            fail(
+                f"fn({step}, {d_model}, {warmup}) = {got:.6g}, expected {want:.6g}",
+                "rising branch step * warmup ** -1.5, decaying branch step ** -0.5; "
+                "they meet at step = warmup.",
+            )
     return passed("the warmup schedule matches equation (3) at 15 points")
 
 
@@ -67,11 +73,15 @@ def check_label_smoothed_loss(fn: Callable[..., Tensor]) -> bool:
         target[-2:] = 0  # two padding positions (pad_id 0)
         got = fn(logits.clone(), target.clone(), eps, 0)
         if not isinstance(got, Tensor) or got.numel() != 1:
-            fail("expected a scalar tensor (the mean loss)",
-                 "average over the non-padding positions.", kind=ShapeError)
+            fail(
+                "expected a scalar tensor (the mean loss)",
+                "average over the non-padding positions.",
+                kind=ShapeError,
+            )
         got = got.reshape(())
         want = torch.nn.CrossEntropyLoss(label_smoothing=eps, ignore_index=0)(
-            logits, target)
+            logits, target
+        )
         if torch.allclose(got, want, atol=1e-5):
             continue
         logp = logits.log_softmax(-1)
@@ -79,22 +89,32 @@ def check_label_smoothed_loss(fn: Callable[..., Tensor]) -> bool:
         nll = -logp.gather(1, target[:, None])[:, 0]
         per_pos = (1 - eps) * nll - eps / v * logp.sum(-1)
         if torch.allclose(got, per_pos.mean(), atol=1e-5):
-            fail("padding positions are counted in the loss",
-                  "drop the positions whose target is pad_id before averaging.")
+            fail(
+                "padding positions are counted in the loss",
+                "drop the positions whose target is pad_id before averaging.",
+            )
         if torch.allclose(got, per_pos.sum() / keep.sum(), atol=1e-5):
-            fail("the padded positions' losses are added to the sum",
-                  "multiply each position's loss by (target != pad_id) before summing.")
+            fail(
+                "the padded positions' losses are added to the sum",
+                "multiply each position's loss by (target != pad_id) before summing.",
+            )
         if torch.allclose(got, nll[keep].mean(), atol=1e-5) and eps > 0:
-            fail("your loss is plain cross-entropy: no smoothing",
-                  "mix (1 - eps) * the one-hot target with eps / V on every token.")
+            fail(
+                "your loss is plain cross-entropy: no smoothing",
+                "mix (1 - eps) * the one-hot target with eps / V on every token.",
+            )
         off = (1 - eps) * nll - eps / (v - 1) * (logp.sum(-1) + nll)
         if torch.allclose(got, off[keep].mean(), atol=1e-5) and eps > 0:
-            fail("the smoothing mass is spread over the V - 1 wrong tokens",
-                  "PyTorch spreads eps / V over all V tokens, the right one included.")
-        fail(f"loss = {got.item():.5f}, expected {want.item():.5f} (N={n}, V={v}, "
-              f"eps={eps})",
-              "-(1 - eps) * log p[target] - eps / V * sum(log p), averaged over "
-              "positions whose target is not pad_id.")
+            fail(
+                "the smoothing mass is spread over the V - 1 wrong tokens",
+                "PyTorch spreads eps / V over all V tokens, the right one included.",
+            )
+        fail(
+            f"loss = {got.item():.5f}, expected {want.item():.5f} (N={n}, V={v}, "
+            f"eps={eps})",
+            "-(1 - eps) * log p[target] - eps / V * sum(log p), averaged over "
+            "positions whose target is not pad_id.",
+        )
     return passed("label-smoothed loss equals nn.CrossEntropyLoss on 3 random batches")
 
 
@@ -112,27 +132,47 @@ def check_teacher_forcing_loss(fn: Callable[..., Tensor]) -> bool:
     from transformer_course.training import make_criterion, translation_loss
 
     gen = torch.Generator().manual_seed(7)
-    cfg = TransformerConfig(src_vocab_size=12, tgt_vocab_size=10, d_model=16,
-                            n_heads=2, d_ff=32, dropout=0.0, max_len=10)
+    cfg = TransformerConfig(
+        src_vocab_size=12,
+        tgt_vocab_size=10,
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        dropout=0.0,
+        max_len=10,
+    )
     torch.manual_seed(7)
     model = make_model(cfg).eval()
     src = torch.randint(4, 12, (3, 5), generator=gen)
-    tgt = torch.cat([torch.ones(3, 1).long(), torch.randint(4, 10, (3, 5), generator=gen),
-                     torch.full((3, 1), 2)], 1)
+    tgt = torch.cat(
+        [
+            torch.ones(3, 1).long(),
+            torch.randint(4, 10, (3, 5), generator=gen),
+            torch.full((3, 1), 2),
+        ],
+        1,
+    )
     crit = make_criterion(0.1)
     got = fn(model, src, tgt, crit)
     want = translation_loss(model, src, tgt, crit)
     if not isinstance(got, Tensor) or got.numel() != 1:
-        fail("expected a scalar loss tensor", "return the criterion's value.",
-             kind=ShapeError)
+        fail(
+            "expected a scalar loss tensor",
+            "return the criterion's value.",
+            kind=ShapeError,
+        )
     if torch.allclose(got.reshape(()), want, atol=1e-5):
         return passed("the decoder reads tgt[:, :-1] and predicts tgt[:, 1:]")
     logits = model(src, tgt)
     same = crit(logits.reshape(-1, 10), tgt.reshape(-1))
     if torch.allclose(got.reshape(()), same, atol=1e-5):
-        fail("the decoder input and the labels are the same sequence: position t "
-              "is asked for the token it is reading",
-              "input tgt[:, :-1] (from BOS), labels tgt[:, 1:] (up to EOS).")
-    fail(f"loss = {got.item():.5f}, expected {want.item():.5f}",
-          "logits = model(src, tgt[:, :-1]); compare logits.reshape(-1, V) with "
-          "tgt[:, 1:].reshape(-1).")
+        fail(
+            "the decoder input and the labels are the same sequence: position t "
+            "is asked for the token it is reading",
+            "input tgt[:, :-1] (from BOS), labels tgt[:, 1:] (up to EOS).",
+        )
+    fail(
+        f"loss = {got.item():.5f}, expected {want.item():.5f}",
+        "logits = model(src, tgt[:, :-1]); compare logits.reshape(-1, V) with "
+        "tgt[:, 1:].reshape(-1).",
+    )

@@ -46,7 +46,9 @@ def check_online_softmax(fn: Callable[[Tensor, int], Tensor]) -> bool:
         check_shape(w, (10,), "weights")
         ref = torch.softmax(x, 0)
         buggy = _softmax_no_rescale(x, block)
-        if not torch.allclose(w, ref, atol=1e-5) and torch.allclose(w, buggy, atol=1e-5):
+        if not torch.allclose(w, ref, atol=1e-5) and torch.allclose(
+            w, buggy, atol=1e-5
+        ):
             fail(
                 f"with block={block} your weights do not sum to 1: the running sum "
                 "was not rescaled when the running maximum grew",
@@ -57,23 +59,31 @@ def check_online_softmax(fn: Callable[[Tensor, int], Tensor]) -> bool:
     big = x * 10 + 1000.0
     w = fn(big, 4)
     if not torch.isfinite(w).all():
-        fail("scores around 1000 give NaN or inf: exp() overflowed",
-              "exponentiate x - m (m the running maximum), never x itself.")
+        fail(
+            "scores around 1000 give NaN or inf: exp() overflowed",
+            "exponentiate x - m (m the running maximum), never x itself.",
+        )
     check_close(w, torch.softmax(big, 0), name="weights for large scores")
     inf = float("-inf")
     masked = torch.tensor([inf, inf, 1.0, inf, 2.0, 0.5])
     w = fn(masked, 2)
     if torch.isnan(w).any():
-        fail("a first block whose scores are all -inf gives NaN",
-              "while the maximum is still -inf, exp(-inf - (-inf)) is NaN: skip such "
-              "a block (nothing is visible yet) or treat m = -inf as 0.")
+        fail(
+            "a first block whose scores are all -inf gives NaN",
+            "while the maximum is still -inf, exp(-inf - (-inf)) is NaN: skip such "
+            "a block (nothing is visible yet) or treat m = -inf as 0.",
+        )
     check_close(w, torch.softmax(masked, 0), name="weights with -inf entries")
     w = fn(torch.full((4,), inf), 2)
     if torch.isnan(w).any() or (w != 0).any():
-        fail(f"a row that is all -inf gives {w.tolist()}, expected zeros",
-              "if the running sum is 0 at the end, return zeros (no key is visible).")
-    return passed("online softmax matches torch.softmax for every block size, "
-                   "large scores and masked entries")
+        fail(
+            f"a row that is all -inf gives {w.tolist()}, expected zeros",
+            "if the running sum is 0 at the end, return zeros (no key is visible).",
+        )
+    return passed(
+        "online softmax matches torch.softmax for every block size, "
+        "large scores and masked entries"
+    )
 
 
 def _stream_no_output_rescale(q, k, v, block):
@@ -110,9 +120,11 @@ def check_streaming_attention(fn: Callable[..., Tensor]) -> bool:
         if not torch.allclose(out, ref, atol=1e-5) and torch.allclose(
             out, buggy, atol=1e-5
         ):
-            fail("the partial output is not rescaled when the running maximum grows",
-                  "acc holds sum exp(s_j - m) v_j for the OLD m: multiply it by "
-                  "exp(m - m_new), exactly like the running sum l.")
+            fail(
+                "the partial output is not rescaled when the running maximum grows",
+                "acc holds sum exp(s_j - m) v_j for the OLD m: multiply it by "
+                "exp(m - m_new), exactly like the running sum l.",
+            )
         check_close(out, ref, atol=1e-5, name="output")
     return passed("streaming attention equals softmax(k q / sqrt(d)) v for 3 inputs")
 
@@ -133,12 +145,15 @@ def check_repeat_kv(fn: Callable[[Tensor, int], Tensor]) -> bool:
         b, h_kv, s, d = shape
         check_shape(out, (b, h_kv * n_rep, s, d), "output")
         if n_rep > 1 and torch.equal(out, x.repeat(1, n_rep, 1, 1)):
-            fail("the whole stack of heads is tiled (head h gets head h % H_kv)",
-                  "query heads 0..n_rep-1 share key/value head 0: repeat each head "
-                  "n_rep times in a row (x[:, :, None].expand(...) or "
-                  "repeat_interleave on dim 1).")
-        check_close(out, x.repeat_interleave(n_rep, dim=1), atol=0, rtol=0,
-                    name="output")
+            fail(
+                "the whole stack of heads is tiled (head h gets head h % H_kv)",
+                "query heads 0..n_rep-1 share key/value head 0: repeat each head "
+                "n_rep times in a row (x[:, :, None].expand(...) or "
+                "repeat_interleave on dim 1).",
+            )
+        check_close(
+            out, x.repeat_interleave(n_rep, dim=1), atol=0, rtol=0, name="output"
+        )
     return passed("repeat_kv gives head h the key/value head h // n_rep")
 
 
@@ -157,29 +172,42 @@ def check_quantize_int8(fn: Callable[[Tensor], tuple[Tensor, Tensor]]) -> bool:
     w = torch.randn(6, 32, generator=gen) * torch.logspace(-2, 1, 6)[:, None]
     result = fn(w.clone())
     if not (isinstance(result, tuple) and len(result) == 2):
-        fail("expected fn to return a tuple (w_int8, scale)",
-             "return both the int8 weights and the per-row scales.", kind=ShapeError)
+        fail(
+            "expected fn to return a tuple (w_int8, scale)",
+            "return both the int8 weights and the per-row scales.",
+            kind=ShapeError,
+        )
     w_int8, scale = result
     check_shape(w_int8, (6, 32), "w_int8")
     if w_int8.dtype != torch.int8:
-        fail(f"w_int8 has dtype {w_int8.dtype}, expected torch.int8",
-             "the last step converts to the 8-bit integer type.", kind=ShapeError)
+        fail(
+            f"w_int8 has dtype {w_int8.dtype}, expected torch.int8",
+            "the last step converts to the 8-bit integer type.",
+            kind=ShapeError,
+        )
     if tuple(scale.shape) not in ((6, 1), (6,)):
-        fail(f"scale has shape {tuple(scale.shape)}, expected (6, 1): one per row",
-             "one scale per output row: reduce over the input axis only.",
-             kind=ShapeError)
+        fail(
+            f"scale has shape {tuple(scale.shape)}, expected (6, 1): one per row",
+            "one scale per output row: reduce over the input axis only.",
+            kind=ShapeError,
+        )
     scale = scale.reshape(6, 1).float()
     if torch.allclose(scale, scale[0].expand_as(scale)):
-        fail("every row has the same scale: that is per-tensor quantization",
-              "small rows then round to 0; compute max |w| per output row (dim=1).")
+        fail(
+            "every row has the same scale: that is per-tensor quantization",
+            "small rows then round to 0; compute max |w| per output row (dim=1).",
+        )
     recon = w_int8.float() * scale
     err = (recon - w).abs()
     if (err > scale / 2 + 1e-6).any():
         if (err < scale + 1e-6).all():
-            fail("errors reach a whole step (scale): the values were truncated",
-                  "converting to int8 rounds toward zero: round to nearest first.")
-        fail(f"max |w_int8 * scale - w| = {err.max():.3g} exceeds scale / 2",
-              "scale = max |row| / 127 and w_int8 = round(w / scale).")
-    check_close(scale, w.abs().amax(dim=1, keepdim=True) / 127, rtol=1e-4,
-                name="scale")
+            fail(
+                "errors reach a whole step (scale): the values were truncated",
+                "converting to int8 rounds toward zero: round to nearest first.",
+            )
+        fail(
+            f"max |w_int8 * scale - w| = {err.max():.3g} exceeds scale / 2",
+            "scale = max |row| / 127 and w_int8 = round(w / scale).",
+        )
+    check_close(scale, w.abs().amax(dim=1, keepdim=True) / 127, rtol=1e-4, name="scale")
     return passed("per-channel int8: one scale per row, error within half a step")

@@ -23,8 +23,11 @@ from transformer_course.exercises._common import (
 
 def _loop_patches(images: Tensor, p: int) -> Tensor:
     B, H, W = images.shape
-    out = [images[:, r * p : (r + 1) * p, c * p : (c + 1) * p].reshape(B, p * p)
-           for r in range(H // p) for c in range(W // p)]
+    out = [
+        images[:, r * p : (r + 1) * p, c * p : (c + 1) * p].reshape(B, p * p)
+        for r in range(H // p)
+        for c in range(W // p)
+    ]
     return torch.stack(out, dim=1)  # (B, N, p * p)
 
 
@@ -51,16 +54,22 @@ def check_patchify(fn: Callable[[Tensor, int], Tensor]) -> bool:
     if torch.equal(got, want):
         return passed("square patches in row-major order")
     if torch.equal(got, images.reshape(2, -1, 16)):
-        fail("each 'patch' is 16 consecutive pixels of one image row (a strip), not a "
-              "4 x 4 square: a reshape keeps the memory order of the pixels",
-              "a square patch takes p pixels from each of p rows: give the rows and "
-              "the columns their own patch and within-patch axes before flattening.")
+        fail(
+            "each 'patch' is 16 consecutive pixels of one image row (a strip), not a "
+            "4 x 4 square: a reshape keeps the memory order of the pixels",
+            "a square patch takes p pixels from each of p rows: give the rows and "
+            "the columns their own patch and within-patch axes before flattening.",
+        )
     same_set = all(any(torch.equal(a, b) for b in want[0]) for a in got[0])
     if same_set:
-        fail("the patches are the right squares, in the wrong order",
-              "patch n = r * (W / p) + c: left to right, then top to bottom.")
-    fail("the patches differ from the squares of the image",
-          "compare fn(x, 4)[0, 0] with x[0, :4, :4].flatten().")
+        fail(
+            "the patches are the right squares, in the wrong order",
+            "patch n = r * (W / p) + c: left to right, then top to bottom.",
+        )
+    fail(
+        "the patches differ from the squares of the image",
+        "compare fn(x, 4)[0, 0] with x[0, :4, :4].flatten().",
+    )
 
 
 def _hand_loss(img: Tensor, txt: Tensor, scale: float) -> float:
@@ -91,25 +100,38 @@ def check_clip_loss(fn: Callable[[Tensor, Tensor, float], Tensor]) -> bool:
     want = _hand_loss(img, txt, scale)
     got = fn(img, txt, scale)
     if not isinstance(got, Tensor) or got.numel() != 1:
-        fail("expected a scalar loss tensor", "return the mean of the two losses.",
-             kind=ShapeError)
+        fail(
+            "expected a scalar loss tensor",
+            "return the mean of the two losses.",
+            kind=ShapeError,
+        )
     got = float(got)
     if math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-5):
         return passed("symmetric InfoNCE on normalised embeddings, scaled")
     labels = torch.arange(6)
-    unnorm = (F.cross_entropy(scale * img @ txt.T, labels)
-              + F.cross_entropy(scale * txt @ img.T, labels)) / 2
+    unnorm = (
+        F.cross_entropy(scale * img @ txt.T, labels)
+        + F.cross_entropy(scale * txt @ img.T, labels)
+    ) / 2
     i, t = F.normalize(img, dim=-1), F.normalize(txt, dim=-1)
     one_sided = F.cross_entropy(scale * i @ t.T, labels)
     unscaled = (F.cross_entropy(i @ t.T, labels) + F.cross_entropy(t @ i.T, labels)) / 2
     for wrong, message, hint in (
         (unnorm, "the embeddings are not L2-normalised", "F.normalize(x, dim=-1)."),
-        (one_sided, "only the image-to-text direction is scored",
-         "add the cross-entropy of logits.T (texts choosing images) and halve."),
-        (unscaled, "the cosine similarities are not multiplied by logit_scale",
-         "logits = logit_scale * image @ text.T."),
+        (
+            one_sided,
+            "only the image-to-text direction is scored",
+            "add the cross-entropy of logits.T (texts choosing images) and halve.",
+        ),
+        (
+            unscaled,
+            "the cosine similarities are not multiplied by logit_scale",
+            "logits = logit_scale * image @ text.T.",
+        ),
     ):
         if math.isclose(got, float(wrong), rel_tol=1e-4):
             fail(message, hint)
-    fail(f"loss = {got:.5f}, expected {want:.5f}",
-          "labels = torch.arange(B): pair i is the positive of row i and column i.")
+    fail(
+        f"loss = {got:.5f}, expected {want:.5f}",
+        "labels = torch.arange(B): pair i is the positive of row i and column i.",
+    )

@@ -42,22 +42,35 @@ def check_mean_pool(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
     """
     gen = torch.Generator().manual_seed(9)
     hidden = torch.randn(4, 6, 5, generator=gen)
-    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0],
-                         [1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 0]], dtype=torch.bool)
+    mask = torch.tensor(
+        [
+            [1, 1, 1, 1, 1, 1],
+            [1, 1, 1, 0, 0, 0],
+            [1, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, 1, 0],
+        ],
+        dtype=torch.bool,
+    )
     want = _loop_mean_pool(hidden, mask)
     got = fn(hidden, mask)
     if not isinstance(got, Tensor) or got.shape != want.shape:
         shape = tuple(got.shape) if isinstance(got, Tensor) else type(got).__name__
-        fail(f"expected a tensor of shape {tuple(want.shape)} (B, D), got {shape}",
-             "one vector per sentence: the token axis (dim 1) is the one that goes.",
-             kind=ShapeError)
+        fail(
+            f"expected a tensor of shape {tuple(want.shape)} (B, D), got {shape}",
+            "one vector per sentence: the token axis (dim 1) is the one that goes.",
+            kind=ShapeError,
+        )
     if torch.allclose(got, want, atol=1e-5):
         return passed("mean pooling averages the real tokens only")
     if torch.allclose(got, hidden.mean(1), atol=1e-5):
-        fail("the padded tokens are averaged in too",
-             "row 2 of the test batch has one real token: its mean is that token.")
-    fail("the pooled vectors differ from the mean of the real tokens",
-         "compare fn(hidden, mask)[1] with hidden[1, :3].mean(0) (three real tokens).")
+        fail(
+            "the padded tokens are averaged in too",
+            "row 2 of the test batch has one real token: its mean is that token.",
+        )
+    fail(
+        "the pooled vectors differ from the mean of the real tokens",
+        "compare fn(hidden, mask)[1] with hidden[1, :3].mean(0) (three real tokens).",
+    )
 
 
 def _loop_agreement(emb: Tensor, ref: Tensor) -> float:
@@ -65,8 +78,12 @@ def _loop_agreement(emb: Tensor, ref: Tensor) -> float:
         x = x.double()
         out = []
         for i in range(len(x)):
-            cos = [float(x[i] @ x[j] / (x[i].norm() * x[j].norm())) if j != i
-                   else -math.inf for j in range(len(x))]
+            cos = [
+                float(x[i] @ x[j] / (x[i].norm() * x[j].norm()))
+                if j != i
+                else -math.inf
+                for j in range(len(x))
+            ]
             out.append(max(range(len(x)), key=cos.__getitem__))
         return out
 
@@ -89,33 +106,47 @@ def check_neighbour_agreement(fn: Callable[[Tensor, Tensor], float]) -> bool:
     ref = torch.randn(30, 8, generator=gen)
     scaled = ref * torch.linspace(0.2, 5.0, 30)[:, None]  # same cosines, other norms
     noisy = ref + 0.8 * torch.randn(30, 8, generator=gen)
-    for emb, name in ((ref, "the same embeddings"), (scaled, "rescaled rows"),
-                      (noisy, "noisy embeddings")):
+    for emb, name in (
+        (ref, "the same embeddings"),
+        (scaled, "rescaled rows"),
+        (noisy, "noisy embeddings"),
+    ):
         got = fn(emb, ref)
         if isinstance(got, Tensor) and got.numel() == 1:
             got = got.item()
         if not isinstance(got, (int, float)):
-            fail(f"expected one number (a share between 0 and 1), got "
-                 f"{type(got).__name__}", "average the matches over the rows.",
-                 kind=ShapeError)
+            fail(
+                f"expected one number (a share between 0 and 1), got "
+                f"{type(got).__name__}",
+                "average the matches over the rows.",
+                kind=ShapeError,
+            )
         want = _loop_agreement(emb, ref)
         if math.isclose(got, want, abs_tol=1e-6):
             continue
         if math.isclose(got, 1.0) and name != "the same embeddings":
-            fail(f"{name}: got 1.0, expected {want:.3f}",
-                 "what is the cosine similarity of a row with itself, and should a "
-                 "row be its own neighbour?")
+            fail(
+                f"{name}: got 1.0, expected {want:.3f}",
+                "what is the cosine similarity of a row with itself, and should a "
+                "row be its own neighbour?",
+            )
         if name == "rescaled rows":
-            fail(f"{name}: got {got:.3f}, expected {want:.3f}",
-                 "rescaling a row does not change its direction: which similarity "
-                 "ignores the length of the vectors?")
-        fail(f"{name}: got {got:.3f}, expected {want:.3f}",
-             "find each row's most similar other row under emb and under ref, then "
-             "count the rows where the two agree.")
+            fail(
+                f"{name}: got {got:.3f}, expected {want:.3f}",
+                "rescaling a row does not change its direction: which similarity "
+                "ignores the length of the vectors?",
+            )
+        fail(
+            f"{name}: got {got:.3f}, expected {want:.3f}",
+            "find each row's most similar other row under emb and under ref, then "
+            "count the rows where the two agree.",
+        )
     return passed("nearest-neighbour agreement matches on three cases")
 
 
-def _hand_soft_loss(s: Tensor, t: Tensor, T: float, soften_teacher: bool = True) -> float:
+def _hand_soft_loss(
+    s: Tensor, t: Tensor, T: float, soften_teacher: bool = True
+) -> float:
     total = 0.0
     for s_row, t_row in zip(s.double().tolist(), t.double().tolist()):
         zt = [v / T if soften_teacher else v for v in t_row]
@@ -143,21 +174,34 @@ def check_soft_target_loss(fn: Callable[[Tensor, Tensor, float], Tensor]) -> boo
     for T in (1.0, 2.0, 5.0):
         got = fn(s, t, T)
         if not isinstance(got, Tensor) or got.numel() != 1:
-            fail("expected a scalar loss tensor",
-                 "the loss is averaged over the rows of the batch.", kind=ShapeError)
+            fail(
+                "expected a scalar loss tensor",
+                "the loss is averaged over the rows of the batch.",
+                kind=ShapeError,
+            )
         got, want = float(got), _hand_soft_loss(s, t, T)
         if math.isclose(got, want, rel_tol=1e-4):
             continue
-        if math.isclose(got, _hand_soft_loss(s, t, T, soften_teacher=False),
-                        rel_tol=1e-4):
-            fail(f"T = {T}: got {got:.4f}, expected {want:.4f}: the teacher is not "
-                 "softened", "which of the two distributions does T act on here?")
+        if math.isclose(
+            got, _hand_soft_loss(s, t, T, soften_teacher=False), rel_tol=1e-4
+        ):
+            fail(
+                f"T = {T}: got {got:.4f}, expected {want:.4f}: the teacher is not "
+                "softened",
+                "which of the two distributions does T act on here?",
+            )
         if math.isclose(got, _hand_soft_loss(t, s, T), rel_tol=1e-4):
-            fail(f"T = {T}: got {got:.4f}, expected {want:.4f}: KL arguments swapped",
-                 "KL is not symmetric: whose distribution is the expectation over?")
+            fail(
+                f"T = {T}: got {got:.4f}, expected {want:.4f}: KL arguments swapped",
+                "KL is not symmetric: whose distribution is the expectation over?",
+            )
         if math.isclose(got * T * T, want, rel_tol=1e-4):
-            fail(f"T = {T}: got {got:.4f}, expected {want:.4f}: T^2 is missing",
-                 "the gradient shrinks like 1 / T^2; what undoes that in the loss?")
-        fail(f"T = {T}: got {got:.4f}, expected {want:.4f}",
-             "at T = 1 compare with the KL divergence of the two plain softmaxes.")
+            fail(
+                f"T = {T}: got {got:.4f}, expected {want:.4f}: T^2 is missing",
+                "the gradient shrinks like 1 / T^2; what undoes that in the loss?",
+            )
+        fail(
+            f"T = {T}: got {got:.4f}, expected {want:.4f}",
+            "at T = 1 compare with the KL divergence of the two plain softmaxes.",
+        )
     return passed("the soft-target loss matches Hinton et al. at T = 1, 2, 5")

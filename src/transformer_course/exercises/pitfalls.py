@@ -217,14 +217,29 @@ def _merge(heads):
     return heads.transpose(1, 2).reshape(B, T, H * d)
 
 
-def _multi_head(query, key, value, w_q, w_k, w_v, w_o, n_heads, mask=None, *,
-                proj=lambda x, w: x @ w.T, split=_split, merge=_merge,
-                attention=None, out_proj=True):
+def _multi_head(
+    query,
+    key,
+    value,
+    w_q,
+    w_k,
+    w_v,
+    w_o,
+    n_heads,
+    mask=None,
+    *,
+    proj=lambda x, w: x @ w.T,
+    split=_split,
+    merge=_merge,
+    attention=None,
+    out_proj=True,
+):
     from transformer_course.attention import scaled_dot_product_attention
 
     attention = attention or scaled_dot_product_attention
-    q, k, v = (split(proj(x, w), n_heads)
-               for x, w in ((query, w_q), (key, w_k), (value, w_v)))
+    q, k, v = (
+        split(proj(x, w), n_heads) for x, w in ((query, w_q), (key, w_k), (value, w_v))
+    )
     out, weights = attention(q, k, v, mask)
     out = merge(out)
     return (proj(out, w_o) if out_proj else out), weights
@@ -255,8 +270,9 @@ def multi_head_no_out_proj(*args, **kwargs):
     return _multi_head(*args, **kwargs, out_proj=False)
 
 
-def multi_head_scaled_by_d_model(query, key, value, w_q, w_k, w_v, w_o, n_heads,
-                                 mask=None):
+def multi_head_scaled_by_d_model(
+    query, key, value, w_q, w_k, w_v, w_o, n_heads, mask=None
+):
     """Scores divided by sqrt(d_model) instead of sqrt(d_k) of one head."""
     d_model = query.shape[-1]
 
@@ -264,8 +280,9 @@ def multi_head_scaled_by_d_model(query, key, value, w_q, w_k, w_v, w_o, n_heads,
         w = _guarded_softmax(_masked(_scores(q, k, 1 / math.sqrt(d_model)), m))
         return w @ v, w
 
-    return _multi_head(query, key, value, w_q, w_k, w_v, w_o, n_heads, mask,
-                       attention=attention)
+    return _multi_head(
+        query, key, value, w_q, w_k, w_v, w_o, n_heads, mask, attention=attention
+    )
 
 
 def multi_head_averaged_weights(*args, **kwargs):

@@ -62,21 +62,31 @@ def animation_html(
         TypeError: if ``anim`` is not a matplotlib Animation.
     """
     if not isinstance(anim, Animation):
-        raise TypeError(f"anim: expected a matplotlib Animation, got {type(anim).__name__}")
+        raise TypeError(
+            f"anim: expected a matplotlib Animation, got {type(anim).__name__}"
+        )
     html = anim.to_jshtml(default_mode=default_mode)
     plt.close(anim._fig)
     html = _LINK.sub("", html)
     for cls, icon in _ICONS.items():
         html = html.replace(f'<i class="{cls}"></i>', icon)
     if "<i class=" in html:  # a matplotlib with other icons: fail loudly, not blank
-        raise RuntimeError("animation_html: to_jshtml() used an icon without an SVG "
-                           "here: add it to viz.animations._PATHS")
+        raise RuntimeError(
+            "animation_html: to_jshtml() used an icon without an SVG "
+            "here: add it to viz.animations._PATHS"
+        )
     if alt is None:
         alt = "Animation. " + alt_text(anim._fig)
-    html = re.sub(r'<img id="(_anim_img\w+)">',
-                  lambda m: f'<img id="{m[1]}" alt="{escape(alt)}">', html)
-    html = re.sub(r'(<input id="_anim_slider\w+" type="range" class="anim-slider")',
-                  r'\1 aria-label="Animation frame"', html)
+    html = re.sub(
+        r'<img id="(_anim_img\w+)">',
+        lambda m: f'<img id="{m[1]}" alt="{escape(alt)}">',
+        html,
+    )
+    html = re.sub(
+        r'(<input id="_anim_slider\w+" type="range" class="anim-slider")',
+        r'\1 aria-label="Animation frame"',
+        html,
+    )
     return HTML(html)
 
 
@@ -145,8 +155,12 @@ def query_scan_animation(
         return (*bars_s, *bars_w, title)
 
     anim = FuncAnimation(fig, update, frames=n, interval=interval, blit=False)
-    return animation_html(anim, alt=(
-        f"Animation in {n} frames: query '{query_token}' scans the keys "
-        f"{', '.join(map(str, key_tokens))} one by one; left, the bar chart of its "
-        "scores; right, the softmax over the keys seen so far, ending with its final "
-        "attention weights"))
+    return animation_html(
+        anim,
+        alt=(
+            f"Animation in {n} frames: query '{query_token}' scans the keys "
+            f"{', '.join(map(str, key_tokens))} one by one; left, the bar chart of its "
+            "scores; right, the softmax over the keys seen so far, ending with its final "
+            "attention weights"
+        ),
+    )

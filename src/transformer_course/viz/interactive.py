@@ -58,7 +58,9 @@ def _options(name: str, values) -> list[tuple[str, object]]:
 
 def _png(fig: Figure, dpi: int) -> str:
     if not isinstance(fig, Figure):
-        raise TypeError(f"fn: expected it to return a matplotlib Figure, got {type(fig).__name__}")
+        raise TypeError(
+            f"fn: expected it to return a matplotlib Figure, got {type(fig).__name__}"
+        )
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
@@ -119,7 +121,7 @@ def static_html(
     first = frames["-".join("0" for _ in names)]
     return f"""<div class="tc-interactive" id="{uid}">
 <div class="tc-controls" style="display:flex;gap:1.5em;flex-wrap:wrap;margin-bottom:.5em">
-{''.join(parts)}</div>
+{"".join(parts)}</div>
 <img class="tc-frame" alt="{html.escape(alt)}" src="{first}" style="max-width:100%">
 </div>
 <script>
@@ -143,7 +145,10 @@ def static_html(
 
 
 def interactive(
-    fn: Callable[..., Figure], *, alt: str | None = None, dpi: int = 72,
+    fn: Callable[..., Figure],
+    *,
+    alt: str | None = None,
+    dpi: int = 72,
     **controls,
 ):
     """Show ``fn`` with one control per keyword argument, live or pre-rendered.

@@ -45,8 +45,15 @@ def _draw(ax, w, x_labels, y_labels, title, cmap, annotate, vmax):
         for i in range(w.shape[0]):
             for j in range(w.shape[1]):
                 color = "white" if w[i, j] < 0.6 * vmax else "black"
-                ax.text(j, i, f"{w[i, j]:.2f}", ha="center", va="center",
-                        color=color, fontsize=8)
+                ax.text(
+                    j,
+                    i,
+                    f"{w[i, j]:.2f}",
+                    ha="center",
+                    va="center",
+                    color=color,
+                    fontsize=8,
+                )
     if title:
         ax.set_title(title)
     return image
@@ -85,9 +92,14 @@ def attention_heatmap(
     plt.close(fig)  # the caller shows it; no stray copy in notebooks
     rows = f" ({', '.join(map(str, y_labels))})" if y_labels is not None else ""
     cols = f" ({', '.join(map(str, x_labels))})" if x_labels is not None else ""
-    set_alt_text(fig, (f"{title + ': ' if title else ''}heatmap of attention weights, "
-                       f"{w.shape[0]} queries{rows} as rows by {w.shape[1]} keys{cols} "
-                       f"as columns; brighter cells are larger weights (max {w.max():.2f})"))
+    set_alt_text(
+        fig,
+        (
+            f"{title + ': ' if title else ''}heatmap of attention weights, "
+            f"{w.shape[0]} queries{rows} as rows by {w.shape[1]} keys{cols} "
+            f"as columns; brighter cells are larger weights (max {w.max():.2f})"
+        ),
+    )
     return fig
 
 
@@ -123,8 +135,11 @@ def attention_grid(
         raise ValueError(f"weights: expected (R, C, T, S) or (C, T, S), got {w.shape}")
     n_rows, n_cols = w.shape[:2]
     fig, axes = plt.subplots(
-        n_rows, n_cols, figsize=(cell_size * n_cols, cell_size * n_rows),
-        squeeze=False, layout="constrained",
+        n_rows,
+        n_cols,
+        figsize=(cell_size * n_cols, cell_size * n_rows),
+        squeeze=False,
+        layout="constrained",
     )
     for r in range(n_rows):
         for c in range(n_cols):
@@ -142,9 +157,14 @@ def attention_grid(
     if title:
         fig.suptitle(title)
     plt.close(fig)
-    set_alt_text(fig, (f"{title + ': ' if title else ''}grid of {n_rows} by {n_cols} "
-                       f"attention weight maps, {row_label}s as rows and {col_label}s as "
-                       f"columns; each map has queries as rows and keys as columns"))
+    set_alt_text(
+        fig,
+        (
+            f"{title + ': ' if title else ''}grid of {n_rows} by {n_cols} "
+            f"attention weight maps, {row_label}s as rows and {col_label}s as "
+            f"columns; each map has queries as rows and keys as columns"
+        ),
+    )
     return fig
 
 
@@ -203,13 +223,19 @@ def figure_html(fig: Figure) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
     data = base64.b64encode(buf.getvalue()).decode()
-    return (f'<img src="data:image/png;base64,{data}" alt="{html.escape(alt_text(fig))}" '
-            'style="max-width:100%">')
+    return (
+        f'<img src="data:image/png;base64,{data}" alt="{html.escape(alt_text(fig))}" '
+        'style="max-width:100%">'
+    )
 
 
 def _static_figure_html(fig: Figure) -> str | None:
     # IPython calls this for every Figure it displays; None keeps the usual PNG output.
-    if os.environ.get("TRANSFORMER_COURSE_STATIC", "").lower() not in {"1", "true", "yes"}:
+    if os.environ.get("TRANSFORMER_COURSE_STATIC", "").lower() not in {
+        "1",
+        "true",
+        "yes",
+    }:
         return None
     try:
         return figure_html(fig)
@@ -231,7 +257,9 @@ def register_alt_text_display() -> bool:
         return False
 
     def register():
-        ip.display_formatter.formatters["text/html"].for_type(Figure, _static_figure_html)
+        ip.display_formatter.formatters["text/html"].for_type(
+            Figure, _static_figure_html
+        )
 
     # The inline backend removes every Figure formatter when it starts, which matplotlib
     # does lazily at the first figure: start it now (importing it is what starts it), and
