@@ -82,7 +82,26 @@ def test_plain_markdown_conversion():
     )
     out = sync.to_plain_markdown(md)
     assert "> **Note**" in out and "> Be careful." in out
-    assert "[vaswani2017attention]" in out and "the mask" in out and "{" not in out
+    assert "[Vaswani et al., 2017]" in out and "the mask" in out and "{" not in out
+
+
+def test_notebook_citations_read_as_author_year_with_a_reference_list():
+    """Review 5.6: Colab shows no raw citation keys; each notebook ends with the
+    works its chapter cites, with their links (LaTeX accents decoded)."""
+    assert sync.citation("hochreiter1997long") == "Hochreiter and Schmidhuber, 1997"
+    assert sync.citation("bahdanau2015neural") == "Bahdanau et al., 2015"
+    assert "Jürgen Schmidhuber" in sync.reference("hochreiter1997long")
+    with pytest.raises(KeyError):
+        sync.citation("no_such_key2099")
+    md = "{cite}`luong2015effective, vaswani2017attention` then {cite}`luong2015effective`"
+    assert sync.cited_keys(md) == ["luong2015effective", "vaswani2017attention"]
+    bib = sync.to_plain_markdown("```{bibliography}\n```", ["vaswani2017attention"])
+    assert bib.startswith("- ") and "https://arxiv.org/abs/1706.03762" in bib
+    nb = nbformat.read(ROOT / "notebooks" / "01_qkv.ipynb", as_version=4)
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "[Bahdanau et al., 2015]" in text and "bahdanau2015neural" not in text
+    for key in sync.cited_keys((ROOT / "book" / "01_qkv.md").read_text()):
+        assert sync.reference(key) in text, key
 
 
 RUFF = ROOT / ".venv" / "bin" / "ruff"

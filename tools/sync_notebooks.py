@@ -8,23 +8,29 @@ What changes on the way:
   _config.yml, skipped when the package is already importable;
 - MyST-only syntax becomes plain Markdown that Jupyter and Colab render: exercises become
   headed sections, solutions collapsed <details> blocks, admonitions block quotes,
-  citations and cross-references plain text.
+  cross-references plain text, citations "[Author et al., year]" and the chapter's
+  bibliography a list of the works it cites, with their links (from book/references.bib).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import sys
 from pathlib import Path
 
 import jupytext
+import latexcodec  # noqa: F401  (registers the 'latex' codec)
 import nbformat
 import yaml
+from pybtex.database import parse_file
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK, NOTEBOOKS = ROOT / "book", ROOT / "notebooks"
 CHAPTER = re.compile(r"^\d\d_.+\.md$")
+BIBTEX = BOOK / "references.bib"
+CITE_ROLES = ("cite", "cite:p", "cite:t", "cite:ps", "cite:ts")
 
 
 def repository() -> tuple[str, str]:
@@ -69,6 +75,74 @@ _ADMONITIONS = {
 }
 
 
+@functools.cache
+def _bibliography() -> dict:
+    return parse_file(str(BIBTEX)).entries
+
+
+def _plain(text: str) -> str:
+    """BibTeX field text as Unicode: LaTeX accents decoded, braces dropped."""
+    return re.sub(r"[{}]", "", text.encode().decode("latex"))
+
+
+def _surnames(key: str) -> list[str]:
+    persons = _bibliography()[key].persons
+    people = persons.get("author") or persons.get("editor") or []
+    return [_plain(" ".join(p.last_names)) for p in people]
+
+
+def citation(key: str) -> str:
+    """The in-text citation, e.g. "Bahdanau et al., 2015", of a references.bib key.
+
+    Raises:
+        KeyError: the key is not in references.bib (the book build fails on it too).
+    """
+    names, year = _surnames(key), _bibliography()[key].fields.get("year", "n.d.")
+    if len(names) > 2:
+        who = f"{names[0]} et al."
+    elif names:
+        who = " and ".join(names)
+    else:
+        who = _plain(_bibliography()[key].fields.get("title", key))
+    return f"{who}, {year}"
+
+
+def reference(key: str) -> str:
+    """One bibliography line in Markdown: authors (year). *Title*. Venue. Link."""
+    entry = _bibliography()[key]
+    fields = {name: _plain(value) for name, value in entry.fields.items()}
+    people = entry.persons.get("author") or entry.persons.get("editor") or []
+    authors = ", ".join(
+        _plain(
+            " ".join(p.first_names + p.middle_names + p.prelast_names + p.last_names)
+        )
+        for p in people
+    )
+    venue = next(
+        (
+            fields[f]
+            for f in ("booktitle", "journal", "publisher", "howpublished")
+            if f in fields
+        ),
+        "",
+    )
+    parts = [f"{authors} ({fields.get('year', 'n.d.')}). *{fields.get('title', key)}*."]
+    if venue:
+        parts.append(f"{venue}.")
+    if "url" in fields:
+        parts.append(f"<{fields['url']}>")
+    return "- " + " ".join(parts)
+
+
+def cited_keys(text: str) -> list[str]:
+    """The citation keys of MyST text, in order of first use, each once."""
+    keys = []
+    for match in _ROLE.finditer(text):
+        if match["role"] in CITE_ROLES:
+            keys += [k.strip() for k in match["text"].split(",") if k.strip()]
+    return list(dict.fromkeys(keys))
+
+
 def _strip_options(body: str) -> tuple[dict[str, str], str]:
     options, lines = {}, body.split("\n")
     while lines and lines[0].startswith(":"):
@@ -77,10 +151,10 @@ def _strip_options(body: str) -> tuple[dict[str, str], str]:
     return options, "\n".join(lines).strip("\n")
 
 
-def _directive(match: re.Match) -> str:
+def _directive(match: re.Match, cited: list[str] = ()) -> str:
     name, arg = match["name"], match["arg"].strip()
     options, body = _strip_options(match["body"])
-    body = to_plain_markdown(body)
+    body = to_plain_markdown(body, cited)
     if name == "exercise":
         return f"#### Exercise: {arg}\n\n{body}" if arg else f"#### Exercise\n\n{body}"
     if name == "solution":
@@ -102,8 +176,10 @@ def _directive(match: re.Match) -> str:
             f"*The book shows the library's source of `{what}` (`{path}`) here; "
             "in a notebook, `inspect.getsource` prints it.*"
         )
-    if name in ("bibliography",):
-        return "See the book's references page for the full bibliography."
+    if name == "bibliography":
+        if not cited:
+            return "See the book's references page for the full bibliography."
+        return "\n".join(reference(key) for key in cited)
     return body
 
 
@@ -112,8 +188,9 @@ _ROLE = re.compile(r"\{(?P<role>[\w:-]+)\}`(?P<text>[^`]*)`")
 
 def _role(match: re.Match) -> str:
     role, text = match["role"], match["text"]
-    if role in ("cite", "cite:p", "cite:t", "cite:ps", "cite:ts"):
-        return "[" + "; ".join(key.strip() for key in text.split(",")) + "]"
+    if role in CITE_ROLES:
+        keys = [key.strip() for key in text.split(",") if key.strip()]
+        return "[" + "; ".join(citation(key) for key in keys) + "]"
     if role == "math":
         return f"${text}$"
     if role.startswith("glue"):  # a number glued by a cell: the cell prints it too
@@ -122,17 +199,20 @@ def _role(match: re.Match) -> str:
     return title.group(1) if title else text
 
 
-def to_plain_markdown(text: str) -> str:
-    text = _FENCE.sub(_directive, text)
+def to_plain_markdown(text: str, cited: list[str] = ()) -> str:
+    """MyST -> Markdown that Jupyter renders; `cited` lists the keys the
+    bibliography directive (if any) expands to."""
+    text = _FENCE.sub(functools.partial(_directive, cited=cited), text)
     text = _ROLE.sub(_role, text)
     return re.sub(r"^\([\w:-]+\)=\s*\n", "", text, flags=re.MULTILINE)  # MyST targets
 
 
 def convert(md_path: Path, url: str, branch: str) -> nbformat.NotebookNode:
     nb = jupytext.read(md_path)
+    cited = cited_keys(md_path.read_text())
     for cell in nb.cells:
         if cell.cell_type == "markdown":
-            cell.source = to_plain_markdown(cell.source)
+            cell.source = to_plain_markdown(cell.source, cited)
         cell.pop("id", None)
     nb.cells.insert(0, install_cell(url, branch))
     nb.metadata.pop("jupytext", None)
