@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from transformer_course.attention import MultiHeadAttention
 from transformer_course.data import BOS_ID
 from transformer_course.decoding import beam_search, greedy_decode
 from transformer_course.digit_images import (
@@ -12,7 +13,6 @@ from transformer_course.digit_images import (
     number_images,
     split_digit_images,
 )
-from transformer_course.attention import MultiHeadAttention
 from transformer_course.model import TransformerConfig, set_attention_backend
 from transformer_course.vision import (
     Captioner,
