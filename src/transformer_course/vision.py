@@ -198,7 +198,8 @@ def cross_attention(model: Captioner, images: Tensor, tgt: Tensor) -> Tensor:
     ]
     backends = [m.backend for m in modules]
     hooks = [
-        m.register_forward_hook(lambda _m, _i, out: found.append(out[1])) for m in modules
+        m.register_forward_hook(lambda _m, _i, out: found.append(out[1]))
+        for m in modules
     ]
     try:
         for m in modules:
