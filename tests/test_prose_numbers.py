@@ -123,7 +123,7 @@ ALLOWED: dict[str, str] = {
     "beam size 4 with the GNMT": "a parameter of the cell below",
     "would put 1 / 4 there": "one cell in four, by construction; the cell prints it",
     "clips at 100": "from the CLIP paper, section 2.5",
-    "numbers 0 to 99 as images of two cells": "the data set's definition",
+    "numbers 0 to 99 as number images": "the data set's definition",
     "the numbers 0 to 20 and the round tens": "a fact about English numerals",
     "CLIP used 32,768": "from the CLIP paper, section 2.5",
     "(2 x 2 patches per digit": "arithmetic on the exercise's patch size",

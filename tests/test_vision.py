@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from transformer_course.attention import MultiHeadAttention
 from transformer_course.data import BOS_ID
 from transformer_course.decoding import beam_search, greedy_decode
 from transformer_course.digit_images import (
@@ -12,7 +13,7 @@ from transformer_course.digit_images import (
     number_images,
     split_digit_images,
 )
-from transformer_course.model import TransformerConfig
+from transformer_course.model import TransformerConfig, set_attention_backend
 from transformer_course.vision import (
     Captioner,
     ImageEncoder,
@@ -160,3 +161,15 @@ def test_number_images_place_each_digit_in_its_cell():
         assert any(torch.equal(cell, im) for im in images[labels == digit])
     with pytest.raises(ValueError, match="numbers"):
         number_images([10_000], images, labels)
+
+
+def test_cross_attention_of_an_sdpa_model_uses_naive_and_restores_the_backend():
+    model = small_captioner()
+    tgt = torch.tensor([[BOS_ID, 5, 6], [BOS_ID, 7, 0]])
+    images = torch.rand(2, 8, 16)
+    want = cross_attention(model, images, tgt)  # built with the "naive" backend
+    set_attention_backend(model, "sdpa")
+    got = cross_attention(model, images, tgt)
+    assert torch.allclose(got, want, atol=1e-6)
+    backends = {m.backend for m in model.modules() if isinstance(m, MultiHeadAttention)}
+    assert backends == {"sdpa"}  # given back, not left on "naive"

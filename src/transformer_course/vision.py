@@ -180,7 +180,8 @@ def cross_attention(model: Captioner, images: Tensor, tgt: Tensor) -> Tensor:
     Runs ``model(images, tgt)`` once (teacher forcing on ``tgt``, e.g. BOS + the
     decoded caption) and records the weights of the cross-attention module(s) of the
     last decoder layer (a forward hook on the ``MultiHeadAttention`` whose name says
-    "cross"). Needs an attention backend that returns weights ("naive").
+    "cross"). That module runs on the "naive" backend for this call (fused backends
+    such as "sdpa" return no weights) and gets its own backend back afterwards.
 
     Shapes: images (B, H, W), tgt (B, T) -> (B, T, N): row t is where the word read
     at position t (predicting word t + 1) looked.
@@ -190,21 +191,29 @@ def cross_attention(model: Captioner, images: Tensor, tgt: Tensor) -> Tensor:
     """
     found: list[Tensor] = []
     layer = model.decoder.layers[-1]
-    hooks = [
-        m.register_forward_hook(lambda _m, _i, out: found.append(out[1]))
+    modules = [
+        m
         for name, m in layer.named_modules()
         if isinstance(m, MultiHeadAttention) and "cross" in name
     ]
+    backends = [m.backend for m in modules]
+    hooks = [
+        m.register_forward_hook(lambda _m, _i, out: found.append(out[1]))
+        for m in modules
+    ]
     try:
+        for m in modules:
+            m.backend = "naive"  # the backend that returns the weights
         model.eval()
         model(images, tgt)
     finally:
-        for h in hooks:
+        for h, m, backend in zip(hooks, modules, backends):
             h.remove()
+            m.backend = backend
     if not found or found[-1] is None:
         raise RuntimeError(
-            "cross_attention: no weights recorded; use the 'naive' "
-            "attention backend (set_attention_backend)"
+            "cross_attention: no cross-attention weights recorded in the last "
+            "decoder layer"
         )
     return found[-1].mean(dim=1)  # (B, T, N)
 
