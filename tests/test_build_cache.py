@@ -76,9 +76,14 @@ def test_a_library_edit_reexecutes_the_chapters(tmp_path):
     log = _build(book)
     assert "Executed notebook" in log
     assert _printed(book) == ["0.125"]  # 16^-0.5 * min(4^-0.5, 4 * 4^-1.5)
+    # the log lists each chapter's execution time (issue 14)
+    assert re.search(r"book/99_lib +[0-9]+\.[0-9] +executed\n", log), log[-2000:]
+    assert "1 chapter(s) executed in this build" in log
 
     log = _build(book)  # nothing changed: nothing executes
     assert "Executed notebook" not in log
+    assert re.search(r"book/99_lib +[0-9]+\.[0-9] +from the cache", log), log[-2000:]
+    assert "0 chapter(s) executed in this build: 0.0 s" in log
 
     module = book / "src" / "transformer_course" / "training.py"
     source = module.read_text()
@@ -87,6 +92,7 @@ def test_a_library_edit_reexecutes_the_chapters(tmp_path):
     log = _build(book)
     assert "Executed notebook" in log
     assert _printed(book) == ["0.25"], "the page shows the old library's output"
+    assert "1 chapter(s) executed in this build" in log
     caches = sorted(
         p.name
         for p in (book / "_build" / ".jupyter_cache").iterdir()

@@ -48,3 +48,40 @@ def test_set_seed_repeats_every_generator():
     assert not torch.equal(torch.rand(3), a[1])
     with pytest.raises(TypeError, match="seed"):
         set_seed(1.5)
+
+
+def test_set_cpu_threads_order(monkeypatch):
+    from transformer_course import set_cpu_threads
+    from transformer_course.device import cpu_cores
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        choice = set_cpu_threads()
+        assert choice == (1, cpu_cores(), "OMP_NUM_THREADS")
+        assert torch.get_num_threads() == 1
+        assert set_cpu_threads(2).reason == "argument"  # an argument wins
+        assert torch.get_num_threads() == 2
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        monkeypatch.setattr("os.getloadavg", lambda: (1e6, 0.0, 0.0))
+        assert set_cpu_threads() == (1, cpu_cores(), "busy")
+        assert "busy" in str(set_cpu_threads())
+        monkeypatch.setattr("os.getloadavg", lambda: (0.0, 0.0, 0.0))
+        assert set_cpu_threads() == (cpu_cores(), cpu_cores(), "cores")
+        assert "busy" not in str(set_cpu_threads())
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_set_cpu_threads_rejects_bad_input(monkeypatch):
+    from transformer_course import set_cpu_threads
+
+    before = torch.get_num_threads()
+    with pytest.raises(TypeError, match="threads"):
+        set_cpu_threads(1.5)
+    with pytest.raises(ValueError, match="threads"):
+        set_cpu_threads(0)
+    monkeypatch.setenv("OMP_NUM_THREADS", "two")
+    with pytest.raises(ValueError, match="OMP_NUM_THREADS"):
+        set_cpu_threads()
+    assert torch.get_num_threads() == before  # nothing set on bad input

@@ -109,3 +109,33 @@ def test_book_build_shows_figures_as_img_with_alt(monkeypatch):
         assert "text/html" in shell.display_formatter.format(fig)[0]
     finally:
         InteractiveShell.clear_instance()
+
+
+def test_an_animation_is_laid_out_once(monkeypatch):
+    """animation_html keeps the constrained layout of the first frame for all frames
+    (solving it for every frame doubled the rendering time of the chapters' animations)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.animation import FuncAnimation
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+
+    from transformer_course.viz import animation_html
+
+    solved = []
+    execute = ConstrainedLayoutEngine.execute
+    monkeypatch.setattr(
+        ConstrainedLayoutEngine,
+        "execute",
+        lambda self, fig: solved.append(1) or execute(self, fig),
+    )
+    fig, ax = plt.subplots(figsize=(2, 2), dpi=30, layout="constrained")
+    (line,) = ax.plot([0, 1], [0, 1])
+
+    def update(frame):
+        line.set_ydata([0, frame])
+        ax.set_title(f"frame {frame}")
+        return (line,)
+
+    html = animation_html(FuncAnimation(fig, update, frames=4), alt="a line")
+    assert html.data.count("data:image/png;base64") == 4
+    assert len(solved) == 1  # a known-wrong renderer solves it 4 or 8 times
+    assert not isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)

@@ -13,6 +13,10 @@ chapters' kernels import (found as the kernel finds it: the same environment and
 every page again and every chapter executes against the new, empty cache. With the
 library unchanged, the path and the value are the same as last time and a rebuild
 executes nothing. Caches of other library versions are deleted.
+
+At the end of a build it also logs each chapter's execution time (myst-nb's own
+measurement), marking the chapters taken from the cache, and the total executed in
+this build: the build log then shows where the build time goes (issue 14).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import shutil
+import time
 from pathlib import Path
 
 from sphinx.util import logging
@@ -66,8 +71,44 @@ def _per_library_cache(app, config) -> None:
     LOGGER.info(f"{PACKAGE} {value} ({folder}): execution cache {cache}")
 
 
+_BUILD_START: dict[int, float] = {}  # id(app) -> when the build started
+
+
+def _note_start(app, config) -> None:
+    _BUILD_START[id(app)] = time.time()
+
+
+def execution_times(env, since: float) -> list[tuple[str, float, bool]]:
+    """(docname, seconds, executed in this build) for every executed notebook, from
+    myst-nb's execution data; a notebook from the cache reports the seconds it took
+    when it was executed, and ``False``."""
+    rows = []
+    for docname, data in sorted(getattr(env, "nb_metadata", {}).items()):
+        run = data.get("exec_data") or {}
+        if run.get("runtime") is not None:
+            rows.append((docname, float(run["runtime"]), run.get("mtime", 0) >= since))
+    return rows
+
+
+def _log_execution_times(app, exception) -> None:
+    if exception is not None:
+        return
+    rows = execution_times(app.env, _BUILD_START.get(id(app), 0.0))
+    if not rows:
+        return
+    LOGGER.info("execution time of each chapter (seconds):")
+    for docname, seconds, fresh in rows:
+        how = "executed" if fresh else "from the cache (executed earlier)"
+        LOGGER.info(f"  {docname:<32} {seconds:7.1f}  {how}")
+    executed = sum(seconds for _, seconds, fresh in rows if fresh)
+    count = sum(fresh for *_, fresh in rows)
+    LOGGER.info(f"  {count} chapter(s) executed in this build: {executed:.1f} s")
+
+
 def setup(app):
     app.add_config_value("course_library_hash", "", "env")
     # after myst-nb and Jupyter Book have set nb_execution_cache_path
     app.connect("config-inited", _per_library_cache, priority=900)
+    app.connect("config-inited", _note_start)
+    app.connect("build-finished", _log_execution_times)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -25,7 +25,7 @@ from transformer_course.attention import (
     ATTENTION_BACKENDS,
     scaled_dot_product_attention,
 )
-from transformer_course.device import get_device, set_seed
+from transformer_course.device import get_device, set_cpu_threads, set_seed
 from transformer_course.masks import (
     causal_mask,
     combine_masks,
@@ -45,6 +45,7 @@ __all__ = [
     "get_device",
     "padding_mask",
     "scaled_dot_product_attention",
+    "set_cpu_threads",
     "set_seed",
     "sliding_window_mask",
 ]

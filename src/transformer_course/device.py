@@ -1,13 +1,15 @@
 """Choosing where tensors live, and making runs repeatable.
 
 Derived in the preface ("Running the chapters"). Every chapter starts with
-``device = get_device()`` so the same cells use a GPU in Colab and the CPU on a laptop.
+``device = get_device()`` so the same cells use a GPU in Colab and the CPU on a laptop,
+and ``set_cpu_threads()`` so that PyTorch uses the cores this machine gives it.
 """
 
 from __future__ import annotations
 
 import os
 import random
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -76,3 +78,63 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+class CPUThreads(NamedTuple):
+    """What ``set_cpu_threads`` chose: ``threads`` of ``cores``, and why (``reason``:
+    ``"argument"``, ``"OMP_NUM_THREADS"``, ``"busy"`` or ``"cores"``)."""
+
+    threads: int
+    cores: int
+    reason: str
+
+    def __str__(self) -> str:
+        busy = ", one thread as the machine is busy" if self.reason == "busy" else ""
+        return f"{self.threads} CPU thread(s) of {self.cores} core(s){busy}"
+
+
+def cpu_cores() -> int:
+    """The number of CPU cores this process may run on (its affinity where the OS has
+    one, e.g. a container limited to 2 of 64 cores; else ``os.cpu_count()``)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def set_cpu_threads(threads: int | None = None) -> CPUThreads:
+    """Set ``torch.set_num_threads`` from the machine's cores and return the choice.
+
+    The number is, in this order: ``threads`` if given; the environment variable
+    ``OMP_NUM_THREADS`` if set (the user's choice wins); 1 if the machine is busy (its
+    1-minute load average exceeds the cores: threads that fight other programs for a
+    core can make a step many times slower); else ``cpu_cores()``. Every chapter calls
+    it once after ``get_device()``, so the book build uses the same rule everywhere.
+
+    Args:
+        threads: a positive int to force, or None to choose as above.
+
+    Returns:
+        A ``CPUThreads(threads, cores, reason)``; ``str()`` of it is a one-line summary.
+
+    Raises:
+        TypeError: if ``threads`` is not an int or None.
+        ValueError: if ``threads`` < 1, or ``OMP_NUM_THREADS`` is not a positive int.
+    """
+    cores = cpu_cores()
+    if threads is not None:
+        if not isinstance(threads, int) or isinstance(threads, bool):
+            raise TypeError(f"threads: expected an int or None, got {type(threads).__name__}")
+        if threads < 1:
+            raise ValueError(f"threads: expected >= 1, got {threads}")
+        reason = "argument"
+    elif os.environ.get("OMP_NUM_THREADS"):
+        value = os.environ["OMP_NUM_THREADS"]
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"$OMP_NUM_THREADS: expected a positive int, got {value!r}")
+        threads, reason = int(value), "OMP_NUM_THREADS"
+    elif hasattr(os, "getloadavg") and os.getloadavg()[0] > cores:
+        threads, reason = 1, "busy"
+    else:
+        threads, reason = cores, "cores"
+    torch.set_num_threads(threads)
+    return CPUThreads(threads, cores, reason)

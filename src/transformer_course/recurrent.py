@@ -239,6 +239,7 @@ def copy_accuracy(
     src, tgt = copy_batch(
         batch_size, length, vocab_size, generator=generator, device=device
     )
-    predicted = model(src, tgt[:, :-1]).argmax(-1)  # (B, L)
+    with torch.no_grad():  # no graph to build: nothing is trained here
+        predicted = model(src, tgt[:, :-1]).argmax(-1)  # (B, L)
     model.train(was_training)
     return (predicted == tgt[:, 1:]).float().mean().item()

@@ -42,6 +42,21 @@ _ICONS = {
 _LINK = re.compile(r"<link[^>]*font-awesome[^>]*>", re.DOTALL)
 
 
+def _keep_first_layout(fig) -> None:
+    """Lay a figure with a layout engine (constrained, tight) out once, when its first
+    frame is drawn, and keep that layout for every later frame. Otherwise each frame's
+    ``savefig`` solves the layout again, with an extra draw (about half the time of
+    rendering an animation), and the axes can jitter between frames."""
+    if fig.get_layout_engine() is None:
+        return
+
+    def freeze(event) -> None:
+        fig.canvas.mpl_disconnect(connection)
+        fig.set_layout_engine("none")  # the positions just computed stay
+
+    connection = fig.canvas.mpl_connect("draw_event", freeze)
+
+
 def animation_html(
     anim: Animation, *, default_mode: str = "once", alt: str | None = None
 ) -> HTML:
@@ -65,6 +80,7 @@ def animation_html(
         raise TypeError(
             f"anim: expected a matplotlib Animation, got {type(anim).__name__}"
         )
+    _keep_first_layout(anim._fig)
     html = anim.to_jshtml(default_mode=default_mode)
     plt.close(anim._fig)
     html = _LINK.sub("", html)
