@@ -89,7 +89,7 @@ def train_one(data, cfg, seed, args, device, exact, valid):
         opt,
         scheduler=noam_scheduler(opt, cfg.d_model, warmup=400),
         max_steps=args.steps,
-        max_seconds=args.max_seconds,
+        max_seconds=args.max_seconds or None,  # 0: no time guard
         clip_norm=1.0,
         eval_fn=lambda: exact(model, *valid)[0],
         eval_every=100,
@@ -101,7 +101,9 @@ def train_one(data, cfg, seed, args, device, exact, valid):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=500)
-    parser.add_argument("--max-seconds", type=float, default=100.0, help="time guard")
+    parser.add_argument(
+        "--max-seconds", type=float, default=100.0, help="time guard (0: none)"
+    )
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--seeds", type=int, default=3, help="training seeds 0..N-1")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads (CI: 2)")
