@@ -87,7 +87,7 @@ def train_one(data, cfg, seed, args, device, exact, valid):
         lambda: batches(train_src, train_tgt, args.batch, generator=gen, device=device),
         functools.partial(translation_loss, criterion=make_criterion(0.1)),
         opt,
-        scheduler=noam_scheduler(opt, cfg.d_model, warmup=400),
+        scheduler=noam_scheduler(opt, cfg.d_model, warmup=200),
         max_steps=args.steps,
         max_seconds=args.max_seconds or None,  # 0: no time guard
         clip_norm=1.0,
