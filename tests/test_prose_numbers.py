@@ -82,7 +82,7 @@ ALLOWED: dict[str, str] = {
     "Every 100 steps": "hyperparameters of the training cell below",
     "(500 numbers)": "a parameter: every twentieth of the validation numbers",
     "(42 happens": "the input the cell translates; the cell prints its split",
-    "40 steps": "a parameter of the runs below",
+    "30 steps": "a parameter of the runs below",
     "A warmup of 200 here, rather than the paper's 4,000 for 100,000 steps": "the "
     "training cell's warmup, a parameter, and the paper's (Vaswani et al., 5.3, 6.1)",
     "(beam size 4)": "a parameter of the exercise",
