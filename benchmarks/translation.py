@@ -191,6 +191,9 @@ def main() -> None:
         "train_seconds_mean": round(
             statistics.fmean(r["train_seconds"] for r in seeds), 1
         ),
+        "train_process_cpu_seconds_mean": round(
+            statistics.fmean(r["process_cpu_seconds"] for r in seeds), 1
+        ),
         "test_numbers": n_test,
         "torch_threads": args.threads,
         "load_average_1min_at_end": round(os.getloadavg()[0], 2),
@@ -334,6 +337,10 @@ def translation_section(summary, seeds) -> list[str]:
         ),
         f"| per seed | {per_seed} |",
         f"| train_seconds_mean | {s['train_seconds_mean']} |",
+        (
+            "| train_process_cpu_seconds_mean (this process only) "
+            f"| {s['train_process_cpu_seconds_mean']} |"
+        ),
         "",
     ]
 
