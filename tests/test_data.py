@@ -19,6 +19,7 @@ from transformer_course.data import (
 )
 from transformer_course.masks import padding_mask
 from transformer_course.translation_data import (
+    BASIC_NUMBERS,
     make_translation_data,
     number_words,
     split_numbers,
@@ -42,6 +43,32 @@ def test_split_by_value_is_disjoint_and_complete():
     assert not _disjoint({"train": [1, 2, 3], "test": [3, 4]})
     with pytest.raises(ValueError, match="fractions"):
         split_numbers(100, (0.5, 0.5, 0.5))
+
+
+def _basic_in_train(splits: dict[str, list[int]], basic=BASIC_NUMBERS) -> bool:
+    return set(basic) <= set(splits["train"])
+
+
+def test_split_keeps_basic_numbers_in_train():
+    plain = split_numbers(100_000, seed=0)
+    kept = split_numbers(100_000, seed=0, in_train=BASIC_NUMBERS)
+    # known wrong: the plain random split holds out some basic numbers (seed 0: 1, 5)
+    assert not _basic_in_train(plain)
+    assert {1, 5} <= set(plain["test"])
+    assert _basic_in_train(kept) and _disjoint(kept)
+    assert set().union(*map(set, kept.values())) == set(range(1, 100_000))
+    assert [len(v) for v in kept.values()] == [len(v) for v in plain.values()]
+    # the cuts move by at most len(BASIC_NUMBERS) places: the test split barely changes
+    assert len(set(kept["test"]) - set(plain["test"])) <= len(BASIC_NUMBERS)
+    # every standalone word form is a training source by itself
+    data = make_translation_data(2_000, seed=0)
+    assert _basic_in_train(data.numbers)
+    assert {"one", "five", "one thousand"} <= set(data.src_texts["train"])
+    assert "five" not in make_translation_data(2_000, in_train=()).src_texts["train"]
+    with pytest.raises(ValueError, match="in_train"):
+        split_numbers(100, in_train=[0, 1])
+    with pytest.raises(ValueError, match="in_train"):
+        split_numbers(10, in_train=range(1, 10))
 
 
 @param("lang", ["en", "de", "fr"])

@@ -8,6 +8,7 @@ was seen in training. Tokenizers and batching are in ``data``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 
@@ -45,20 +46,33 @@ def number_words(n: int, lang: str = "en") -> str:
     return _num2words(1000 * a, lang) + rest
 
 
+BASIC_NUMBERS = (*range(1, 21), *range(30, 100, 10), 100, 1000)
+"""The numbers whose words are a building block: 1 to 20, the round tens, 100 and
+1000. Each is the only number written with its word *standing alone* ("one" -> "eins",
+not the "ein" of "einundzwanzig"; "one thousand" -> "eintausend" with nothing after
+it); no other number can teach a model that form, so ``make_translation_data`` keeps
+them in the training split."""
+
+
 def split_numbers(
     max_number: int = 100_000,
     fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
     seed: int = 0,
+    *,
+    in_train: Iterable[int] = (),
 ) -> dict[str, list[int]]:
     """Split the numbers 1 .. max_number - 1 into train / valid / test by value.
 
     A seeded random permutation is cut by ``fractions``: every number lands in exactly
     one split, so a held-out number was never seen in training. Zero is left out: it is
     the only number spelled with "zero" / "null", a word no other number could teach.
+    The numbers ``in_train`` (e.g. ``BASIC_NUMBERS``) go to the training split; the
+    others fill the rest of it in permutation order, so the split sizes do not change.
 
     Raises:
-        ValueError: for ``max_number`` < 3 or fractions that are not three positive
-            numbers summing to 1.
+        ValueError: for ``max_number`` < 3, fractions that are not three positive
+            numbers summing to 1, or ``in_train`` numbers outside 1 .. max_number - 1
+            or more of them than the training split holds.
     """
     if max_number < 3:
         raise ValueError(f"max_number: expected at least 3, got {max_number}")
@@ -66,16 +80,30 @@ def split_numbers(
         raise ValueError(
             f"fractions: expected three positive numbers summing to 1, got {fractions}"
         )
+    keep = sorted(set(in_train))
+    if keep and not 1 <= keep[0] <= keep[-1] < max_number:
+        raise ValueError(
+            f"in_train: expected numbers in 1 .. {max_number - 1}, got {keep[0]} .. "
+            f"{keep[-1]}"
+        )
     perm = torch.randperm(max_number - 1, generator=torch.Generator().manual_seed(seed))
-    perm = perm + 1
+    perm = (perm + 1).tolist()
     n_train = int(fractions[0] * len(perm))
     n_valid = int(fractions[1] * len(perm))
+    if len(keep) > n_train:
+        raise ValueError(
+            f"in_train: expected at most {n_train} numbers (the training split), "
+            f"got {len(keep)}"
+        )
+    kept = set(keep)
+    rest = [n for n in perm if n not in kept]
+    n_rest = n_train - len(keep)
     cuts = {
-        "train": perm[:n_train],
-        "valid": perm[n_train : n_train + n_valid],
-        "test": perm[n_train + n_valid :],
+        "train": keep + rest[:n_rest],
+        "valid": rest[n_rest : n_rest + n_valid],
+        "test": rest[n_rest + n_valid :],
     }
-    return {name: sorted(part.tolist()) for name, part in cuts.items()}
+    return {name: sorted(part) for name, part in cuts.items()}
 
 
 @dataclass
@@ -122,6 +150,7 @@ def make_translation_data(
     tgt_tokenizer: str = "bpe",
     tgt_vocab_size: int = 80,
     seed: int = 0,
+    in_train: Iterable[int] = BASIC_NUMBERS,
 ) -> TranslationData:
     """English number words -> ``target_lang`` number words, split by value.
 
@@ -131,13 +160,18 @@ def make_translation_data(
         src_tokenizer / tgt_tokenizer: "word", "bpe" or "char".
         tgt_vocab_size: BPE vocabulary size (used for "bpe" only).
         seed: seed of the split.
+        in_train: numbers always put in the training split (default
+            ``BASIC_NUMBERS``: every word form that stands alone is seen in training;
+            ``()`` gives the plain random split).
 
     Returns:
         A ``TranslationData``.
     """
     if target_lang not in ("de", "fr"):
         raise ValueError(f"target_lang: expected 'de' or 'fr', got {target_lang!r}")
-    numbers = split_numbers(max_number, seed=seed)
+    numbers = split_numbers(
+        max_number, seed=seed, in_train=[n for n in in_train if n < max_number]
+    )
     src_texts = {k: [number_words(n, "en") for n in v] for k, v in numbers.items()}
     tgt_texts = {
         k: [number_words(n, target_lang) for n in v] for k, v in numbers.items()
