@@ -11,6 +11,7 @@ import torch
 from transformer_course.distill import (
     attention_kl,
     cosine_loss,
+    hidden_mse,
     mean_pool,
     nearest_neighbours,
     neighbour_agreement,
@@ -163,3 +164,21 @@ def test_nearest_neighbours_exclude_self():
     assert nearest_neighbours(e).tolist() == [1, 0, 1]
     with pytest.raises(ValueError, match="rows"):
         neighbour_agreement(e, e[:2])
+
+
+def test_hidden_mse_against_a_hand_computation():
+    torch.manual_seed(0)
+    s, t = torch.randn(2, 3, 4), torch.randn(2, 3, 4)
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    real = [(0, 0), (0, 1), (1, 0)]
+    hand = sum(float((s[b, i, d] - t[b, i, d]) ** 2) for b, i in real for d in range(4))
+    hand /= len(real) * 4
+    assert hidden_mse(s, t, mask).item() == pytest.approx(hand, rel=1e-6)
+    # padding does not count: the known-wrong mean over all positions differs
+    assert ((s - t) ** 2).mean().item() != pytest.approx(hand, rel=1e-3)
+    changed = s.clone()
+    changed[0, 2] += 10.0  # a padded token
+    assert hidden_mse(changed, t, mask).item() == pytest.approx(hand, rel=1e-6)
+    assert hidden_mse(t, t, mask).item() == 0.0
+    with pytest.raises(ValueError, match="student_hidden"):
+        hidden_mse(s[:, :2], t, mask)

@@ -16,6 +16,8 @@ from transformer_course.prune import (
     gates_without,
     global_magnitude_prune,
     head_importance,
+    head_importance_loo,
+    iterative_head_order,
     layer_parameters,
     make_permanent,
     remove_ffn_neurons,
@@ -173,3 +175,67 @@ def test_real_model_gates_and_removal():
         pruned = remove_heads(clone_encoder(teacher), heads)
         torch.testing.assert_close(sentence_embeddings(pruned, ids, mask), gated)
     assert spearman_fidelity(ref, ref) == pytest.approx(1.0)
+
+
+def test_encoder_states_take_per_layer_gates_of_a_pruned_model(model, batch):
+    ids, mask = batch
+    pruned = remove_heads(clone_encoder(model), [(0, 1), (2, 0), (2, 3)])
+    plain = sentence_embeddings(pruned, ids, mask)
+    ones = [torch.ones(layer.self_attn.n_heads) for layer in pruned.layers]
+    torch.testing.assert_close(
+        sentence_embeddings(pruned, ids, mask, head_mask=ones), plain
+    )
+    ones[2] = torch.tensor([1.0, 0.0])  # gate off one more head of layer 3
+    assert not torch.allclose(
+        sentence_embeddings(pruned, ids, mask, head_mask=ones), plain
+    )
+    with pytest.raises(ValueError, match="head_mask"):
+        sentence_embeddings(pruned, ids, mask, head_mask=ones[:2])
+
+
+def _brute_force_loo(model, ids, mask, removed=()):
+    full = sentence_embeddings(model, ids, mask)
+    damage = torch.full((3, 4), float("inf"))
+    for layer in range(3):
+        for head in range(4):
+            if (layer, head) in removed:
+                continue
+            gates = gates_without([*removed, (layer, head)], 3, 4)
+            e = sentence_embeddings(model, ids, mask, head_mask=gates)
+            cos = torch.nn.functional.cosine_similarity(e, full, dim=-1)
+            damage[layer, head] = (1 - cos).mean()
+    return damage
+
+
+@torch.no_grad()
+def test_leave_one_out_importance_equals_masking_each_head(model, batch):
+    ids, mask = batch
+    model.layers[1].self_attn.out_proj.weight[:, 16:24] = 0  # head 2 of layer 1: dead
+    scores = head_importance_loo(model, ids, mask)
+    assert scores.shape == (3, 4)
+    torch.testing.assert_close(scores, _brute_force_loo(model, ids, mask))
+    others = torch.cat([scores.flatten()[:6], scores.flatten()[7:]])
+    assert scores[1, 2] < 1e-6 and torch.all(others > 1e-4)  # only the dead head
+    # with heads already removed: they score inf, the others see the pruned model
+    removed = [(0, 1), (2, 3)]
+    again = head_importance_loo(model, ids, mask, removed=removed)
+    assert again[0, 1] == again[2, 3] == float("inf")
+    torch.testing.assert_close(again, _brute_force_loo(model, ids, mask, removed))
+    assert not torch.allclose(again[0, 0], scores[0, 0])  # the context counts
+
+
+@torch.no_grad()
+def test_iterative_head_order(model, batch):
+    ids, mask = batch
+    model.layers[1].self_attn.out_proj.weight[:, 16:24] = 0
+    order = iterative_head_order(model, ids, mask, step=4, n_steps=2)
+    assert sorted(order) == [(i, h) for i in range(3) for h in range(4)]
+    assert order[0] == (1, 2)  # the dead head goes first
+    one_shot = head_importance_loo(model, ids, mask).flatten().argsort().tolist()
+    assert iterative_head_order(model, ids, mask, step=4, n_steps=1) == [
+        divmod(i, 4) for i in one_shot
+    ]
+    # the second round re-estimates: heads 5-12 follow the scores given the first 4
+    second = head_importance_loo(model, ids, mask, removed=order[:4])
+    rest = [divmod(i, 4) for i in second.flatten().argsort().tolist()]
+    assert order[4:8] == [h for h in rest if h not in order[:4]][:4]

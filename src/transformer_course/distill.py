@@ -101,6 +101,24 @@ def cosine_loss(student: Tensor, teacher: Tensor) -> Tensor:
     return (1.0 - F.cosine_similarity(student, teacher, dim=-1)).mean()
 
 
+def hidden_mse(student_hidden: Tensor, teacher_hidden: Tensor, mask: Tensor) -> Tensor:
+    """Mean squared error between the student's and the teacher's token states,
+    averaged over the real tokens and the D features: a target for every token, not
+    one vector per sentence (DistilBERT's cosine loss is on these states too; TinyBERT
+    uses this MSE).
+
+    Shapes: student_hidden, teacher_hidden (B, S, D) float; mask (B, S) bool,
+    True = real token. Returns a scalar >= 0, zero when the real tokens agree.
+    Raises TypeError / ValueError for non-float tensors or different shapes.
+    Source: Jiao et al. 2020, "TinyBERT", section 3.1, equation (8); Sanh et al.
+    2019, section 3.
+    """
+    _same_shape("teacher_hidden", teacher_hidden, "student_hidden", student_hidden)
+    weights = mask[..., None].to(student_hidden.dtype)  # (B, S, 1)
+    sq = (student_hidden - teacher_hidden) ** 2 * weights  # (B, S, D)
+    return sq.sum() / (weights.sum() * student_hidden.shape[-1]).clamp(min=1.0)
+
+
 def _row_kl(p_teacher: Tensor, p_student: Tensor, mask: Tensor) -> Tensor:
     """KL(teacher row || student row) averaged over heads and real query tokens.
     p_* (B, H, S, S), rows are distributions over keys; mask (B, S)."""

@@ -240,6 +240,17 @@ class MiniLMEncoder(nn.Module):
             for _ in range(cfg["n_layers"])
         )
 
+    def embed(self, ids: Tensor) -> Tensor:
+        """BERT's input embeddings: word + position + segment-0, then LayerNorm.
+        ids (B, S) int64 -> (B, S, D) float (no checks: ``forward`` does them)."""
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        x = (
+            self.word_embeddings(ids)
+            + self.position_embeddings(positions)
+            + self.segment_embeddings.weight[0]
+        )  # (B, S, D)
+        return self.embed_norm(x)
+
     def forward(self, ids: Tensor, mask: Tensor | None = None) -> EncoderOutput:
         integer = isinstance(ids, Tensor) and not (
             ids.dtype.is_floating_point or ids.dtype == torch.bool
@@ -261,13 +272,7 @@ class MiniLMEncoder(nn.Module):
                 f"mask: expected shape (B, S) = {tuple(ids.shape)}, "
                 f"got {tuple(mask.shape)}"
             )
-        positions = torch.arange(ids.shape[1], device=ids.device)
-        x = (
-            self.word_embeddings(ids)
-            + self.position_embeddings(positions)
-            + self.segment_embeddings.weight[0]
-        )  # (B, S, D)
-        x = self.embed_norm(x)
+        x = self.embed(ids)  # (B, S, D)
         key_mask = mask[:, None, None, :]  # (B, 1, 1, S): hide padded keys
         hidden, attentions = [x], []
         for layer in self.layers:

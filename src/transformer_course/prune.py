@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import prune as torch_prune
 
@@ -32,8 +33,22 @@ from transformer_course.layers import FeedForward
 Tensor = torch.Tensor
 
 
+def _layer_gates(model, head_mask) -> list:
+    """One gate tensor (or None) per layer from (L, H), (L, B, H) or a sequence."""
+    n_layers = len(model.layers)
+    if head_mask is None:
+        return [None] * n_layers
+    if len(head_mask) != n_layers:
+        shape = tuple(head_mask.shape) if isinstance(head_mask, Tensor) else None
+        raise ValueError(
+            f"head_mask: expected (L, H), (L, B, H) or L per-layer gates with "
+            f"L = {n_layers}, got {shape or f'{len(head_mask)} entries'}"
+        )
+    return list(head_mask)
+
+
 def encoder_states(
-    model, ids: Tensor, mask: Tensor, *, head_mask: Tensor | None = None
+    model, ids: Tensor, mask: Tensor, *, head_mask=None
 ) -> tuple[Tensor, Tensor]:
     """Run a ``MiniLMEncoder`` (possibly pruned: layers may have different numbers of
     heads) with optional gates on every head.
@@ -41,8 +56,9 @@ def encoder_states(
     Args:
         model: a ``pretrained.MiniLMEncoder``.
         ids: (B, S) int64 token ids. mask: (B, S) bool, True = real token.
-        head_mask: optional float gates (L, H) or (L, B, H), multiplying each head's
-            output (1 keeps, 0 removes); needs H heads in every layer.
+        head_mask: optional float gates multiplying each head's output (1 keeps,
+            0 removes): (L, H) or (L, B, H), or a sequence of L per-layer gates
+            (H_l,) or (B, H_l) (or None) for layers with different head counts.
 
     Returns:
         ``(hidden, last_input)``: the last layer's output (B, S, D) and its input
@@ -50,32 +66,19 @@ def encoder_states(
         The last layer's weights are in ``model.layers[-1].self_attn_weights``.
 
     Raises:
-        ValueError: a head_mask whose first dimension is not L.
+        ValueError: a head_mask without one entry per layer.
     """
-    if head_mask is not None and head_mask.shape[0] != len(model.layers):
-        raise ValueError(
-            f"head_mask: expected (L, H) or (L, B, H) with L = {len(model.layers)}, "
-            f"got {tuple(head_mask.shape)}"
-        )
-    positions = torch.arange(ids.shape[1], device=ids.device)
-    x = (
-        model.word_embeddings(ids)
-        + model.position_embeddings(positions)
-        + model.segment_embeddings.weight[0]
-    )  # (B, S, D)
-    x = model.embed_norm(x)
+    gates = _layer_gates(model, head_mask)
+    x = model.embed(ids)  # (B, S, D), as MiniLMEncoder.forward
     key_mask = mask[:, None, None, :]  # (B, 1, 1, S)
     last_input = x
-    for i, layer in enumerate(model.layers):
+    for layer, gate in zip(model.layers, gates):
         last_input = x
-        gates = None if head_mask is None else head_mask[i]
-        x = layer(x, key_mask, head_mask=gates)  # (B, S, D)
+        x = layer(x, key_mask, head_mask=gate)  # (B, S, D)
     return x, last_input
 
 
-def sentence_embeddings(
-    model, ids: Tensor, mask: Tensor, *, head_mask: Tensor | None = None
-) -> Tensor:
+def sentence_embeddings(model, ids: Tensor, mask: Tensor, *, head_mask=None) -> Tensor:
     """Mean-pooled sentence embeddings (B, D) of ``encoder_states``."""
     hidden, _ = encoder_states(model, ids, mask, head_mask=head_mask)
     return mean_pool(hidden, mask)
@@ -124,6 +127,74 @@ def head_importance(
     if normalize:
         scores = scores / scores.norm(dim=1, keepdim=True).clamp(min=1e-12)
     return scores
+
+
+@torch.no_grad()
+def head_importance_loo(
+    model, ids: Tensor, mask: Tensor, *, removed: list[tuple[int, int]] = ()
+) -> Tensor:
+    """Importance of every head as the damage of actually masking it (leave one out).
+
+    I_h = mean over the B sentences of 1 - cos(e_b(xi^(h)), e_b(1)), where e(1) are
+    the unpruned model's mean-pooled embeddings and xi^(h) the gates with the heads
+    ``removed`` and head h at 0: the fidelity drop that removing h would cause now,
+    measured, not predicted from a derivative. One forward pass per head, from that
+    head's layer on (the inputs of every layer are computed once). With ``removed``
+    it scores the next head to remove given those already gone, which makes the
+    greedy, iterative pruning of Michel et al. (section 4.1), re-estimated.
+
+    Args:
+        model: a ``MiniLMEncoder`` with H heads in each of its L layers (eval mode).
+        ids: (B, S) int64; mask: (B, S) bool, True = real token.
+        removed: (layer, head) pairs already gated off.
+
+    Returns:
+        (L, H) float32 on the CPU, >= 0; the heads in ``removed`` get +inf (they
+        cannot be removed again). A head whose removal changes nothing scores 0.
+
+    Source: Michel et al. 2019, section 3.2 (the effect of masking one head);
+    Molchanov et al. 2017, section 2.2 (the "oracle" importance, measured).
+    """
+    n_layers, n_heads = len(model.layers), model.layers[0].self_attn.n_heads
+    device = model.word_embeddings.weight.device
+    base = gates_without(list(removed), n_layers, n_heads).to(device)  # (L, H)
+    key_mask = mask[:, None, None, :]  # (B, 1, 1, S)
+    x = model.embed(ids)  # (B, S, D)
+    inputs = []  # the input of every layer under the gates ``base``
+    for layer, gate in zip(model.layers, base):
+        inputs.append(x)
+        x = layer(x, key_mask, head_mask=gate)
+    full = mean_pool(encoder_states(model, ids, mask)[0], mask)  # (B, D)
+    scores = torch.full((n_layers, n_heads), float("inf"))
+    for i in range(n_layers):
+        for h in range(n_heads):
+            if base[i, h] == 0:
+                continue
+            gates = base.clone()
+            gates[i, h] = 0.0
+            x = inputs[i]
+            for j in range(i, n_layers):
+                x = model.layers[j](x, key_mask, head_mask=gates[j])
+            cos = F.cosine_similarity(mean_pool(x, mask), full, dim=-1)  # (B,)
+            scores[i, h] = float((1.0 - cos).mean())
+    return scores
+
+
+def iterative_head_order(
+    model, ids: Tensor, mask: Tensor, *, step: int, n_steps: int
+) -> list[tuple[int, int]]:
+    """All L * H heads, least important first, by ``head_importance_loo`` re-estimated
+    ``n_steps`` times: each round removes the ``step`` lowest-scoring heads given
+    those removed before; the last round's scores order the rest.
+    Shapes as ``head_importance_loo``. Source: Michel et al. 2019, section 4.1."""
+    n_heads = model.layers[0].self_attn.n_heads
+    order: list[tuple[int, int]] = []
+    for _ in range(n_steps):
+        scores = head_importance_loo(model, ids, mask, removed=order)
+        rest = [divmod(i, n_heads) for i in scores.flatten().argsort().tolist()]
+        rest = [head for head in rest if head not in order]
+        order += rest[:step]
+    return order + rest[step:]
 
 
 def clone_encoder(model):
