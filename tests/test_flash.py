@@ -93,6 +93,7 @@ def test_gradients_equal_torch_sdpa(block_q, block_k):
         assert err(a, b) < 1e-4
     # the inputs are not modified by the in-place steps inside
     q2, k2, v2 = qkv()
+    assert torch.equal(v.detach(), v2)
     assert torch.equal(q.detach(), q2) and torch.equal(k.detach(), k2)
 
 
