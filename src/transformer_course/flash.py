@@ -55,9 +55,11 @@ def tiled_attention(
     partial output whenever a larger score turns up, so the (T, S) score matrix is
     never stored: the extra memory is one (block_q, block_k) tile per head plus
     O(T * d) for the scaled queries and the output, instead of O(T * S). The default
-    tile, 256 x 256, was the fastest of the sizes ``benchmarks/run.py`` sweeps on a
-    CPU (see ``benchmarks/results.md``). Arithmetic is in float32 even for
-    float16/bfloat16 inputs; the output is cast back to the input dtype.
+    tile, 256 x 256, is among the fastest of the sizes ``benchmarks/run.py`` sweeps
+    on a CPU (table "tile-size sweep" in ``benchmarks/results.md``); much smaller
+    tiles pay the Python loop's overhead per tile many times. Arithmetic is in
+    float32 even for float16/bfloat16 inputs; the output is cast back to the input
+    dtype.
 
     Args:
         q: queries (..., T, d_k), floating point.
