@@ -19,12 +19,25 @@ def bench():
 
 
 def test_smoke_run_writes_reports(bench, tmp_path):
+    # another script's results (benchmarks/translation.py) must survive a rewrite
+    (tmp_path / "results.json").write_text(json.dumps({"translation": {"x": 1}}))
+    (tmp_path / "results.md").write_text(
+        "# old\n\n## Machine\n\nold\n\n## Translation: seeds\n\nkept row\n"
+    )
     assert bench.main(["--smoke", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["smoke"] and results["machine"]["torch"]
+    assert results["translation"] == {"x": 1}
     for row in results["attention"]:
+        assert row["T"] > 0
         for key in ("tiled/naive memory", "tiled/sdpa time", "naive/sdpa time"):
             assert row[key] > 0
+    assert {r["pass"] for r in results["mha"]} == {"forward", "forward+backward"}
+    for row in results["mha"]:
+        assert row["mha/torch time"] > 0 and row["max_abs_diff"] < 1e-5
+    assert all(r["tiled/sdpa time"] > 0 for r in results["tile_sweep"])
+    parts = results["profile"]["parts"]
+    assert abs(sum(p["share of tiled"] for p in parts) - 1) < 1e-6
     for row in results["kv_cache"]:
         assert row["same_tokens"] and row["max_logit_diff"] < 1e-4
         assert row["cached/uncached time"] > 0
@@ -35,6 +48,9 @@ def test_smoke_run_writes_reports(bench, tmp_path):
     text = (tmp_path / "results.md").read_text()
     for heading in ("## Machine", "## KV cache", "## Int8", "tiled/naive memory"):
         assert heading in text
+    assert "## Translation: seeds\n\nkept row" in text and "\nold\n" not in text
+    goals = text[text.index("## Goals") :]
+    assert goals.count("\n## ") == 0 and "| measure | now | goal | met? |" in goals
 
 
 def test_table_shows_every_column(bench):

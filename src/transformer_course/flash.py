@@ -40,8 +40,8 @@ def tiled_attention(
     v: Tensor,
     mask: Tensor | None = None,
     *,
-    block_q: int = 64,
-    block_k: int = 64,
+    block_q: int | None = 256,
+    block_k: int = 256,
     bias: Tensor | None = None,
     causal: bool = False,
     scale: float | None = None,
@@ -49,13 +49,17 @@ def tiled_attention(
 ) -> tuple[Tensor, None]:
     """Exact attention computed tile by tile with an online softmax (FlashAttention).
 
-    Queries are split into blocks of ``block_q`` rows; for each block the keys and
-    values are visited in blocks of ``block_k``. A running row maximum ``m`` and a
-    running sum ``l`` of exponentials rescale the partial output whenever a larger
-    score turns up, so the (T, S) score matrix is never stored: the extra memory is
-    one (block_q, block_k) tile plus O(T) statistics per head, instead of O(T * S).
-    Arithmetic is in float32 even for float16/bfloat16 inputs; the output is cast
-    back to the input dtype.
+    Queries are split into blocks of ``block_q`` rows (``None``: all T rows in one
+    block); for each block the keys and values are visited in blocks of ``block_k``.
+    A running row maximum ``m`` and a running sum ``l`` of exponentials rescale the
+    partial output whenever a larger score turns up, so the (T, S) score matrix is
+    never stored: the extra memory is one (block_q, block_k) tile per head plus
+    O(T * d) for the scaled queries and the output, instead of O(T * S). The default
+    tile, 256 x 256, is among the fastest of the sizes ``benchmarks/run.py`` sweeps
+    on a CPU (table "tile-size sweep" in ``benchmarks/results.md``); much smaller
+    tiles pay the Python loop's overhead per tile many times. Arithmetic is in
+    float32 even for float16/bfloat16 inputs; the output is cast back to the input
+    dtype.
 
     Args:
         q: queries (..., T, d_k), floating point.
@@ -64,7 +68,8 @@ def tiled_attention(
         mask: optional bool mask broadcastable to (..., T, S), True = may attend.
         bias: optional float scores offset broadcastable to (..., T, S) (ALiBi,
             relative positions), added after scaling, one tile at a time.
-        block_q: rows of queries per tile (>= 1; need not divide T).
+        block_q: rows of queries per tile (>= 1; need not divide T), or ``None`` for
+            all T rows at once (memory T * block_k per head, still linear in T).
         block_k: keys per tile (>= 1; need not divide S).
         causal: also apply ``causal_mask(T, S)`` (bottom-right aligned) and skip the
             tiles that lie wholly above the diagonal.
@@ -77,18 +82,19 @@ def tiled_attention(
 
     Raises:
         TypeError: non-float inputs, mixed dtypes, a non-bool mask (P4), a non-float
-            bias, a non-int block.
+            bias, a non-int block (``block_q`` may also be None).
         ValueError: a block size < 1, mismatched d_k or S, a mask or bias that does
             not broadcast to (..., T, S), ``dropout_p != 0``.
 
     Source: Dao et al. 2022, algorithm 1; Milakov and Gimelshein 2018, algorithm 3.
     """
     _validation.qkv(q, k, v)
-    _validation.positive_int("block_q", block_q)
+    if block_q is not None:
+        _validation.positive_int("block_q", block_q)
     _validation.positive_int("block_k", block_k)
     _no_dropout(dropout_p)
     *lead, t, d_k = q.shape
-    s = k.shape[-2]
+    s, q_dtype = k.shape[-2], q.dtype
     if mask is not None:
         _validation.bool_mask(mask, (*lead, t, s))
         mask = mask.expand(*lead, t, s)  # a view: no (T, S) copy is made
@@ -97,10 +103,13 @@ def tiled_attention(
         bias = bias.expand(*lead, t, s)  # a view as well
     scale = 1.0 / math.sqrt(d_k) if scale is None else scale
     work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    q = q.to(work) * scale  # scaled once, not once per tile
+    k, v = k.to(work), v.to(work)
+    block_q = t if block_q is None else block_q
     outs = []
     for q0 in range(0, t, block_q):
         q1 = min(q0 + block_q, t)
-        q_blk = q[..., q0:q1, :].to(work) * scale  # (..., bq, d_k)
+        q_blk = q[..., q0:q1, :]  # (..., bq, d_k)
         m = q_blk.new_full((*lead, q1 - q0, 1), float("-inf"))  # running max
         l = q_blk.new_zeros((*lead, q1 - q0, 1))  # running sum of exp
         acc = q_blk.new_zeros((*lead, q1 - q0, v.shape[-1]))  # (..., bq, d_v)
@@ -108,8 +117,7 @@ def tiled_attention(
         k_end = min(s, q1 + s - t) if causal else s
         for k0 in range(0, max(k_end, 0), block_k):
             k1 = min(k0 + block_k, s)
-            k_blk = k[..., k0:k1, :].to(work)  # (..., bk, d_k)
-            scores = q_blk @ k_blk.transpose(-2, -1)  # (..., bq, bk)
+            scores = q_blk @ k[..., k0:k1, :].transpose(-2, -1)  # (..., bq, bk)
             if bias is not None:
                 scores = scores + bias[..., q0:q1, k0:k1].to(work)
             keep = None
@@ -120,21 +128,22 @@ def tiled_attention(
                 j = torch.arange(k0, k1, device=q.device)[None, :]
                 keep = j <= i if keep is None else keep & (j <= i)  # (bq, bk)
             if keep is not None:
-                scores = scores.masked_fill(~keep, float("-inf"))
+                scores = scores.masked_fill_(~keep, float("-inf"))
             # The output does not depend on the shift m (it cancels between numerator
             # and denominator), so m is computed without gradient. Rows that have
             # seen no visible key yet keep m = -inf and are shifted by 0 instead.
             with torch.no_grad():
                 m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))
                 shift = torch.where(m_new.isfinite(), m_new, torch.zeros_like(m_new))
-            p = torch.exp(scores - shift)  # (..., bq, bk); masked: exp(-inf) = 0
-            alpha = torch.exp(m - shift)  # rescales what was accumulated so far
+                alpha = torch.exp(m - shift)  # rescales what was accumulated so far
+            # p = exp(scores - shift), computed in place: no second (bq, bk) tile
+            p = scores.sub_(shift).exp_()  # masked: exp(-inf) = 0
             l = alpha * l + p.sum(dim=-1, keepdim=True)
-            acc = alpha * acc + p @ v[..., k0:k1, :].to(work)  # (..., bq, d_v)
+            acc = alpha * acc + p @ v[..., k0:k1, :]  # (..., bq, d_v)
             m = m_new
         has_key = l > 0  # a query with no visible key keeps l = 0 and gets zeros
         blk = torch.where(has_key, acc / torch.where(has_key, l, 1.0), 0.0)
-        outs.append(blk.to(q.dtype))  # (..., bq, d_v)
+        outs.append(blk.to(q_dtype))  # (..., bq, d_v)
     return torch.cat(outs, dim=-2), None  # (..., T, d_v)
 
 
