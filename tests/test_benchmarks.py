@@ -20,14 +20,20 @@ def bench():
 
 def test_smoke_run_writes_reports(bench, tmp_path):
     # another script's results (benchmarks/translation.py) must survive a rewrite
-    (tmp_path / "results.json").write_text(json.dumps({"translation": {"x": 1}}))
+    translation = {
+        "exact_match_mean": 0.9995,
+        "seeds": 3,
+        "train_seconds_mean": 95.0,
+        "torch_threads": 2,
+    }
+    (tmp_path / "results.json").write_text(json.dumps({"translation": translation}))
     (tmp_path / "results.md").write_text(
         "# old\n\n## Machine\n\nold\n\n## Translation: seeds\n\nkept row\n"
     )
     assert bench.main(["--smoke", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["smoke"] and results["machine"]["torch"]
-    assert results["translation"] == {"x": 1}
+    assert results["translation"] == translation
     for row in results["attention"]:
         assert row["T"] > 0
         for key in ("tiled/naive memory", "tiled/sdpa time", "naive/sdpa time"):
@@ -51,6 +57,38 @@ def test_smoke_run_writes_reports(bench, tmp_path):
     assert "## Translation: seeds\n\nkept row" in text and "\nold\n" not in text
     goals = text[text.index("## Goals") :]
     assert goals.count("\n## ") == 0 and "| measure | now | goal | met? |" in goals
+    assert "chapter 6 held-out exact match, mean over 3 seeds" in goals
+
+
+def test_translation_goal_needs_the_mean_and_the_time(bench):
+    """The Goals row for chapter 6 is met only with both the mean exact match and
+    the training time within the goal (99.9%, 120 s)."""
+    base = {"seeds": 3, "torch_threads": 2}
+
+    def met(mean, seconds):
+        results = {
+            "attention": [
+                {
+                    "T": 1024,
+                    "tiled/sdpa time": 1.5,
+                    "tiled/sdpa time, all cores": 1.5,
+                    "all-core threads": 2,
+                    "tiled/naive memory": 0.01,
+                },
+            ],
+            "mha": [],
+            "translation": {
+                **base,
+                "exact_match_mean": mean,
+                "train_seconds_mean": seconds,
+            },
+        }
+        row = [g for g in bench.goals(results) if "chapter 6" in g["measure"]]
+        return row[0]["met?"]
+
+    assert met(0.9995, 95.0)
+    assert not met(0.9985, 95.0)  # the mean misses 99.9%
+    assert not met(0.9995, 130.0)  # over the training budget
 
 
 def test_table_shows_every_column(bench):
