@@ -102,7 +102,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument(
-        "--max-seconds", type=float, default=100.0, help="time guard (0: none)"
+        "--max-seconds", type=float, default=120.0, help="time guard (0: none)"
     )
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--seeds", type=int, default=3, help="training seeds 0..N-1")
