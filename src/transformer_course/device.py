@@ -123,14 +123,18 @@ def set_cpu_threads(threads: int | None = None) -> CPUThreads:
     cores = cpu_cores()
     if threads is not None:
         if not isinstance(threads, int) or isinstance(threads, bool):
-            raise TypeError(f"threads: expected an int or None, got {type(threads).__name__}")
+            raise TypeError(
+                f"threads: expected an int or None, got {type(threads).__name__}"
+            )
         if threads < 1:
             raise ValueError(f"threads: expected >= 1, got {threads}")
         reason = "argument"
     elif os.environ.get("OMP_NUM_THREADS"):
         value = os.environ["OMP_NUM_THREADS"]
         if not value.isdigit() or int(value) < 1:
-            raise ValueError(f"$OMP_NUM_THREADS: expected a positive int, got {value!r}")
+            raise ValueError(
+                f"$OMP_NUM_THREADS: expected a positive int, got {value!r}"
+            )
         threads, reason = int(value), "OMP_NUM_THREADS"
     elif hasattr(os, "getloadavg") and os.getloadavg()[0] > cores:
         threads, reason = 1, "busy"
