@@ -58,15 +58,19 @@ from transformer_course.training import (
 from transformer_course.translation_data import BASIC_NUMBERS, make_translation_data
 
 HERE = Path(__file__).resolve().parent
-SMALL_REPEATS, BASIC_REPEATS = 10, 20  # as in the chapter's training stream
+SMALL_REPEATS, BASIC_REPEATS, ROUND_REPEATS = 10, 20, 4  # as in the chapter's stream
 
 
 def train_stream(data):
     """The chapter's training stream: every training pair, the numbers below 1,000
-    ten times more and the basic numbers twenty times more."""
+    ten times more, the basic numbers twenty times more and the round hundreds from
+    1,000 up four times more."""
     rows = data.numbers["train"]
     extra = [i for i, n in enumerate(rows) if n < 1000] * SMALL_REPEATS
     extra += [i for i, n in enumerate(rows) if n in BASIC_NUMBERS] * BASIC_REPEATS
+    extra += [
+        i for i, n in enumerate(rows) if n >= 1000 and n % 100 == 0
+    ] * ROUND_REPEATS
     src = data.src_ids["train"] + [data.src_ids["train"][i] for i in extra]
     tgt = data.tgt_ids["train"] + [data.tgt_ids["train"][i] for i in extra]
     return src, tgt
