@@ -297,3 +297,51 @@ def load_shakespeare(cache_dir: str | os.PathLike | None = None) -> dict[str, st
         p.stem: p.read_text(encoding="utf-8", errors="replace")
         for p in sorted(texts_dir.glob("*.txt"))
     }
+
+
+def dialogue_lines(text: str) -> list[str]:
+    """The lines of verse or prose of one work that are between 40 and 90 characters
+    long and start with a letter, without headings (all-caps lines, "SCENE", "ACT ")."""
+    keep = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if (
+            40 <= len(line) <= 90
+            and line[0].isalpha()
+            and not line.isupper()
+            and "SCENE" not in line
+            and "ACT " not in line
+        ):
+            keep.append(line)
+    return keep
+
+
+def split_works(
+    texts: dict[str, str], *, every: int = 7, first: int = 3
+) -> tuple[list[str], list[str], list[str]]:
+    """Hold out whole works, before anything else: the titles ``first``,
+    ``first + every``, ... in sorted order (every seventh work by default).
+
+    Args:
+        texts: title -> text, as ``load_shakespeare`` returns.
+
+    Returns:
+        ``(train_lines, held_out_lines, held_out_titles)``: the ``dialogue_lines`` of
+        the other works and of the held-out ones (no line of a held-out work is in
+        ``train_lines``), and the held-out titles.
+
+    Raises:
+        ValueError: if ``every`` < 2 or ``first`` is not in [0, every).
+    """
+    if not (isinstance(every, int) and every >= 2 and 0 <= first < every):
+        raise ValueError(
+            f"every, first: expected every >= 2 and 0 <= first < every, got "
+            f"every={every!r}, first={first!r}"
+        )
+    titles = sorted(texts)
+    held_out = titles[first::every]
+    train = [
+        line for t in titles if t not in held_out for line in dialogue_lines(texts[t])
+    ]
+    held = [line for t in held_out for line in dialogue_lines(texts[t])]
+    return train, held, held_out
