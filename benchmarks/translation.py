@@ -55,32 +55,16 @@ from transformer_course.training import (
     noam_scheduler,
     translation_loss,
 )
-from transformer_course.translation_data import BASIC_NUMBERS, make_translation_data
+from transformer_course.translation_data import make_translation_data, training_stream
 
 HERE = Path(__file__).resolve().parent
-SMALL_REPEATS, BASIC_REPEATS, ROUND_REPEATS = 10, 20, 4  # as in the chapter's stream
-
-
-def train_stream(data):
-    """The chapter's training stream: every training pair, the numbers below 1,000
-    ten times more, the basic numbers twenty times more and the round hundreds from
-    1,000 up four times more."""
-    rows = data.numbers["train"]
-    extra = [i for i, n in enumerate(rows) if n < 1000] * SMALL_REPEATS
-    extra += [i for i, n in enumerate(rows) if n in BASIC_NUMBERS] * BASIC_REPEATS
-    extra += [
-        i for i, n in enumerate(rows) if n >= 1000 and n % 100 == 0
-    ] * ROUND_REPEATS
-    src = data.src_ids["train"] + [data.src_ids["train"][i] for i in extra]
-    tgt = data.tgt_ids["train"] + [data.tgt_ids["train"][i] for i in extra]
-    return src, tgt
 
 
 def train_one(data, cfg, seed, args, device, exact, valid):
     """Train the chapter's model from seed ``seed``; returns (model, History, CPU s)."""
     set_seed(seed)
     model = make_model(cfg).to(device)
-    train_src, train_tgt = train_stream(data)
+    train_src, train_tgt = training_stream(data)  # the chapter's stream
     opt = torch.optim.AdamW(
         model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0
     )

@@ -66,6 +66,19 @@ class ListCache:
 
 
 @pytest.fixture
+def quiet_check(capsys):
+    """Run a learner's self-check (``check(fn)``) and swallow the two lines it prints;
+    returns what the check returns (True / False)."""
+
+    def run(check, fn):
+        result = check(fn)
+        capsys.readouterr()
+        return result
+
+    return run
+
+
+@pytest.fixture
 def list_cache():
     """The ``ListCache`` class: call it for a fresh, empty cache."""
     return ListCache

@@ -20,20 +20,14 @@ from transformer_course.exercises import (
 from transformer_course.vision import patchify
 
 
-def _quiet(check, fn, capsys):
-    result = check(fn)
-    capsys.readouterr()
-    return result
-
-
 def _column_major(images, p):
     B, H, W = images.shape
     x = images.reshape(B, H // p, p, W // p, p).permute(0, 3, 1, 2, 4)
     return x.reshape(B, -1, p * p)  # patches top to bottom, then left to right
 
 
-def test_patchify_check(capsys):
-    assert _quiet(check_patchify, patchify, capsys) is True
+def test_patchify_check(quiet_check):
+    assert quiet_check(check_patchify, patchify) is True
     with pytest.raises(CheckError, match="strip"):  # the tutorial's plain view
         check_patchify.strict(lambda x, p: x.reshape(x.shape[0], -1, p * p))
     with pytest.raises(CheckError, match="wrong order"):
@@ -42,7 +36,7 @@ def test_patchify_check(capsys):
         check_patchify.strict(lambda x, p: x.reshape(x.shape[0], -1))
     with pytest.raises(CheckError, match="differ"):
         check_patchify.strict(lambda x, p: patchify(x, p) + 1)
-    assert _quiet(check_patchify, _column_major, capsys) is False
+    assert quiet_check(check_patchify, _column_major) is False
 
 
 def _unnormalised(img, txt, scale):
@@ -51,8 +45,8 @@ def _unnormalised(img, txt, scale):
     return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
 
 
-def test_clip_loss_check(capsys):
-    assert _quiet(check_clip_loss, contrastive_loss, capsys) is True
+def test_clip_loss_check(quiet_check):
+    assert quiet_check(check_clip_loss, contrastive_loss) is True
     with pytest.raises(CheckError, match="image-to-text"):
         check_clip_loss.strict(functools.partial(contrastive_loss, symmetric=False))
     with pytest.raises(CheckError, match="not L2-normalised"):
@@ -65,4 +59,4 @@ def test_clip_loss_check(capsys):
         )
     with pytest.raises(CheckError, match="expected"):  # the scale applied twice
         check_clip_loss.strict(lambda i, t, s: contrastive_loss(i, t, s * s))
-    assert _quiet(check_clip_loss, _unnormalised, capsys) is False
+    assert quiet_check(check_clip_loss, _unnormalised) is False

@@ -16,21 +16,15 @@ from transformer_course.exercises import (
 )
 
 
-def _quiet(check, fn, capsys):
-    result = check(fn)
-    capsys.readouterr()
-    return result
-
-
-def test_mean_pool_check(capsys):
-    assert _quiet(check_mean_pool, mean_pool, capsys) is True
+def test_mean_pool_check(quiet_check):
+    assert quiet_check(check_mean_pool, mean_pool) is True
     with pytest.raises(CheckError, match="padded"):
         check_mean_pool.strict(lambda h, m: h.mean(1))
     with pytest.raises(ShapeError, match="shape"):
         check_mean_pool.strict(lambda h, m: h.sum(-1))
     with pytest.raises(CheckError, match="differ"):
         check_mean_pool.strict(lambda h, m: (h * m[..., None]).sum(1) / h.shape[1])
-    assert _quiet(check_mean_pool, lambda h, m: h.mean(1), capsys) is False
+    assert quiet_check(check_mean_pool, lambda h, m: h.mean(1)) is False
 
 
 def _neighbours_with_self(x):
@@ -42,8 +36,8 @@ def _neighbours_by_dot_product(x):
     return (x @ x.T).fill_diagonal_(float("-inf")).argmax(-1)
 
 
-def test_neighbour_check(capsys):
-    assert _quiet(check_neighbour_agreement, neighbour_agreement, capsys) is True
+def test_neighbour_check(quiet_check):
+    assert quiet_check(check_neighbour_agreement, neighbour_agreement) is True
 
     def with_self(e, r):
         return float(
@@ -63,12 +57,12 @@ def test_neighbour_check(capsys):
         check_neighbour_agreement.strict(dot_products)
     with pytest.raises(ShapeError, match="one number"):
         check_neighbour_agreement.strict(lambda e, r: _neighbours_with_self(e))
-    assert _quiet(check_neighbour_agreement, with_self, capsys) is False
-    assert _quiet(check_neighbour_agreement, dot_products, capsys) is False
+    assert quiet_check(check_neighbour_agreement, with_self) is False
+    assert quiet_check(check_neighbour_agreement, dot_products) is False
 
 
-def test_soft_target_check(capsys):
-    assert _quiet(check_soft_target_loss, soft_target_loss, capsys) is True
+def test_soft_target_check(quiet_check):
+    assert quiet_check(check_soft_target_loss, soft_target_loss) is True
 
     def one_sided(s, t, T):
         p = torch.softmax(t, -1)
@@ -82,7 +76,7 @@ def test_soft_target_check(capsys):
         check_soft_target_loss.strict(lambda s, t, T: soft_target_loss(s, t, T) / T**2)
     with pytest.raises(ShapeError, match="scalar"):
         check_soft_target_loss.strict(lambda s, t, T: (s - t).sum(-1))
-    assert _quiet(check_soft_target_loss, one_sided, capsys) is False
+    assert quiet_check(check_soft_target_loss, one_sided) is False
 
 
 def test_a_failure_prints_message_and_hint(capsys):

@@ -23,6 +23,7 @@ from transformer_course.translation_data import (
     make_translation_data,
     number_words,
     split_numbers,
+    training_stream,
 )
 
 param = pytest.mark.parametrize
@@ -130,6 +131,33 @@ def test_translation_data_small():
     assert tgt[0] == BOS_ID and tgt[-1] == EOS_ID
     assert data.tgt_tok.decode(tgt) == data.tgt_texts["test"][i]
     assert data.max_len == max(len(s) for v in data.tgt_ids.values() for s in v)
+
+
+def test_training_stream_repeats_the_rare_pairs():
+    data = make_translation_data(12_000, tgt_vocab_size=60)
+    src, tgt = training_stream(
+        data, small_repeats=10, basic_repeats=20, round_repeats=4
+    )
+    train = data.numbers["train"]
+    by_source = {tuple(s): n for s, n in zip(data.src_ids["train"], train)}
+    counts = {n: 0 for n in train}
+    for s in src:
+        counts[by_source[tuple(s)]] += 1
+    for n in train:  # once, plus each rule that picks it
+        want = 1 + 10 * (n < 1000) + 20 * (n in BASIC_NUMBERS)
+        want += 4 * (n >= 1000 and n % 100 == 0)
+        assert counts[n] == want, n
+    assert len(src) == len(tgt) and src[: len(train)] == data.src_ids["train"]
+    pairs = dict(
+        zip(map(tuple, data.src_ids["train"]), map(tuple, data.tgt_ids["train"]))
+    )
+    assert all(
+        pairs[tuple(s)] == tuple(t) for s, t in zip(src, tgt)
+    )  # pairs kept together
+    plain, _ = training_stream(data, small_repeats=0, basic_repeats=0, round_repeats=0)
+    assert plain == data.src_ids["train"]
+    with pytest.raises(ValueError, match="round_repeats"):
+        training_stream(data, round_repeats=-1)
 
 
 def test_pad_batch_and_mask():

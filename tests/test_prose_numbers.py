@@ -146,7 +146,6 @@ ALLOWED: dict[str, str] = {
     "of the 72 heads (": "the head count: 6 layers x 12 heads",
     "(such as 2:4 sparsity": "the name of a structured-sparsity pattern",
     "to 60, then 240 (or run on a GPU)": "the exercise's given training times",
-    "the best student reach Spearman 0.9": "the exercise's given threshold",
     "the first and the last layer (1 and 6": "the teacher's first and last layer, "
     "a recipe of the cell below",
     "the target of a Spearman of 0.9": "the chapter's given target (issue 16)",

@@ -192,3 +192,38 @@ def make_translation_data(
     return TranslationData(
         numbers, src_texts, tgt_texts, src_tok, tgt_tok, src_ids, tgt_ids, max_len
     )
+
+
+def training_stream(
+    data: TranslationData,
+    *,
+    small_repeats: int = 10,
+    basic_repeats: int = 20,
+    round_repeats: int = 4,
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Chapter 6's training stream: every training pair once, then the pairs below
+    1,000 ``small_repeats`` times more, the ``BASIC_NUMBERS`` ``basic_repeats`` times
+    more and the round hundreds from 1,000 up (the rare targets that end right after
+    "hundert"/"tausend") ``round_repeats`` times more, in that order. Rebalancing the
+    data this way leaves the validation and test sets as they are.
+
+    Returns:
+        ``(src_ids, tgt_ids)``: two lists of id lists, of the same length.
+
+    Raises:
+        ValueError: if a repeat count is negative or not an int.
+    """
+    counts = {"small_repeats": small_repeats, "basic_repeats": basic_repeats}
+    counts["round_repeats"] = round_repeats
+    for name, value in counts.items():
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name}: expected an int >= 0, got {value!r}")
+    rows = data.numbers["train"]
+    extra = [i for i, n in enumerate(rows) if n < 1000] * small_repeats
+    extra += [i for i, n in enumerate(rows) if n in BASIC_NUMBERS] * basic_repeats
+    extra += [
+        i for i, n in enumerate(rows) if n >= 1000 and n % 100 == 0
+    ] * round_repeats
+    src = data.src_ids["train"] + [data.src_ids["train"][i] for i in extra]
+    tgt = data.tgt_ids["train"] + [data.tgt_ids["train"][i] for i in extra]
+    return src, tgt
