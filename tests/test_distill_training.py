@@ -11,16 +11,8 @@ import torch
 
 from transformer_course.data import dialogue_lines, split_works
 from transformer_course.distill import (
-    STUDENT_FILE,
-    load_student,
-    lr_at,
-    make_student,
     neighbour_agreement,
-    save_student,
     spearman_fidelity,
-    student_loss,
-    teacher_targets,
-    train_student,
 )
 from transformer_course.pretrained import (
     MiniLMEncoder,
@@ -28,6 +20,16 @@ from transformer_course.pretrained import (
     tokenize_batch,
 )
 from transformer_course.prune import layer_parameters, sentence_embeddings
+from transformer_course.student import (
+    STUDENT_FILE,
+    load_student,
+    lr_at,
+    make_student,
+    save_student,
+    student_loss,
+    teacher_targets,
+    train_student,
+)
 
 LINES = [
     "To be, or not to be, that is the question:",

@@ -2,13 +2,13 @@
 
 The chapter compares four students at equal (short) training time and then measures
 the student this script wrote: the same recipe (teacher layers 1 and 6 copied, pooled
-cosine + token-state MSE, ``transformer_course.distill.train_student``), given more
+cosine + token-state MSE, ``transformer_course.student.train_student``), given more
 lines and more time. The weights (float16, the 2 Transformer layers only) and the
 training record (arguments, steps, machine, and the fidelity curve on the chapter's
 held-out lines, logged only: no checkpoint is picked by it) go into one safetensors
-file, by default the one ``distill.load_student`` reads.
+file, by default the one ``student.load_student`` reads.
 
-    .venv/bin/python tools/distill_student.py                 # as shipped (45 min of CPU time)
+    .venv/bin/python tools/distill_student.py --bf16 --threads 1  # as shipped (45 min)
     .venv/bin/python tools/distill_student.py --seconds 60 --out /tmp/student.safetensors
 
 The held-out lines are the chapter's: whole works held out by ``data.split_works``,
@@ -30,16 +30,18 @@ import torch
 from transformer_course import set_cpu_threads
 from transformer_course.data import load_shakespeare, split_works
 from transformer_course.distill import (
-    STUDENT_FILE,
-    make_student,
     neighbour_agreement,
-    save_student,
     spearman_fidelity,
-    teacher_targets,
-    train_student,
 )
 from transformer_course.pretrained import load_minilm_encoder, tokenize_batch
 from transformer_course.prune import sentence_embeddings
+from transformer_course.student import (
+    STUDENT_FILE,
+    make_student,
+    save_student,
+    teacher_targets,
+    train_student,
+)
 
 
 def _commit() -> str | None:
