@@ -44,7 +44,13 @@ def sim():
 
 def test_the_wheel_holds_every_module(sim):
     names = set(zipfile.ZipFile(sim.wheel).namelist())
-    for path in (ROOT / "src" / "transformer_course").rglob("*.py"):
+    package = ROOT / "src" / "transformer_course"
+    files = [
+        *package.rglob("*.py"),
+        *package.rglob("*.safetensors"),
+    ]  # + chapter 9's student
+    assert any(path.suffix == ".safetensors" for path in files)
+    for path in files:
         rel = path.relative_to(ROOT / "src").as_posix()
         assert rel in names, f"{sim.wheel.name} lacks {rel}"
 

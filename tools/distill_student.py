@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
     parser.add_argument("--init-from", default="0,5", help="teacher layers to copy")
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
+    parser.add_argument(
+        "--attention", action="store_true", help="add MiniLM's attention losses"
+    )
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--report-every", type=float, default=120.0)
     parser.add_argument("--device", default="cpu")
@@ -92,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
         teacher,
         lines,
         batch_size=args.batch_size,
-        with_attention=False,
+        with_attention=args.attention,
         autocast_dtype=dtype,
     )
     print(
@@ -114,6 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
         batches,
         args.seconds,
         lr=args.lr,
+        with_attention=args.attention,
         autocast_dtype=dtype,
         report_every=args.report_every,
         report=report,
@@ -122,7 +126,8 @@ def main(argv: list[str] | None = None) -> dict:
     rho, nn_agree = spearman_fidelity(emb, ref), neighbour_agreement(emb, ref)
     curve.append([args.seconds, steps, round(rho, 4)])
     record = {
-        "recipe": "teacher layers 1, 6; pooled cosine + token-state MSE",
+        "recipe": f"teacher layers {', '.join(str(i + 1) for i in init_from)}; pooled "
+        "cosine + token-state MSE" + (" + attention" if args.attention else ""),
         "init_from": list(init_from),
         "seconds": args.seconds,
         "steps": steps,
