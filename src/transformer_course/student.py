@@ -326,14 +326,11 @@ def load_student(teacher, path: str | Path = STUDENT_FILE):
     if "training" not in meta:
         raise ValueError(f"path: {path} has no training record (not from save_student)")
     record = json.loads(meta["training"])
-    cfg = {**teacher.cfg, "n_layers": record["n_layers"]}
-    if {k: v for k, v in record["cfg"].items() if k != "n_layers"} != {
-        k: v for k, v in teacher.cfg.items() if k != "n_layers"
-    }:
+    if {**record["cfg"], "n_layers": None} != {**teacher.cfg, "n_layers": None}:
         raise ValueError(
             f"path: the student in {path} does not fit this teacher's shape"
         )
-    student = make_student(teacher, n_layers=cfg["n_layers"])
+    student = make_student(teacher, n_layers=record["n_layers"])
     layers = {k.removeprefix("layers."): v.float() for k, v in tensors.items()}
     student.layers.load_state_dict(layers)
     return student.eval(), record
