@@ -13,7 +13,7 @@ PORT ?= 8000
 # The book build pre-renders interactive views and runs chapters on the CPU unless told otherwise.
 export TRANSFORMER_COURSE_STATIC := 1
 
-.PHONY: book test test-lib serve notebooks lint clean assignments grade gpu-check bench \
+.PHONY: book test test-fast test-lib serve notebooks lint clean assignments grade gpu-check bench \
 	browser-deps
 
 $(STAMP): requirements.txt pyproject.toml
@@ -30,14 +30,28 @@ $(VENDOR)/mathjax/tex-svg.js: package.json package-lock.json
 
 book: $(STAMP) $(VENDOR)/mathjax/tex-svg.js
 	$(PY) tools/sync_notebooks.py --check
-	$(VENV)/bin/jupyter-book build . -W -n --keep-going --builder html
+	$(PY) tools/build_book.py . -W -n --keep-going --builder html  # jupyter-book build, -j cores
 	@echo "Book built: $(CURDIR)/_build/html/index.html"
 
 notebooks: $(STAMP)
 	$(PY) tools/sync_notebooks.py
 
+# Tests by tier (tests/<tier>/, README "Tests"). pytest-xdist spreads them over the cores
+# (-n auto); each worker uses one torch thread (tests/conftest.py).
+XDIST := -n auto --dist loadgroup
+
+# The library and exercise tests: a change to one function, checked in under 2 minutes.
+test-fast: $(STAMP)
+	@start=$$(date +%s); \
+	$(PY) -m pytest tests/lib tests/exercises -m "not slow" $(XDIST) -q --durations=15; \
+	rc=$$?; echo "make test-fast: $$(( $$(date +%s) - start )) s"; exit $$rc
+
+# Everything that needs no book build and nothing slow: library, exercises, sources.
 test-lib: $(STAMP)
-	$(PY) -m pytest -m "not site and not browser and not colab"
+	@start=$$(date +%s); \
+	$(PY) -m pytest tests/lib tests/exercises tests/sources -m "not slow" $(XDIST) -q \
+		--durations=15; \
+	rc=$$?; echo "make test-lib: $$(( $$(date +%s) - start )) s"; exit $$rc
 
 # The browser tests need Debian's chromium and DejaVu fonts: installed with apt-get when
 # missing and allowed (root or passwordless sudo), else one line says what to install.
@@ -46,7 +60,10 @@ browser-deps:
 	@bash tools/ensure_browser.sh
 
 test: browser-deps book
-	$(PY) -m pytest
+	@start=$$(date +%s); \
+	$(PY) -m pytest $(XDIST) --durations=25; \
+	rc=$$?; echo "make test (pytest, after the book build): $$(( $$(date +%s) - start )) s"; \
+	exit $$rc
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests tools benchmarks book/_ext

@@ -105,8 +105,29 @@ def _log_execution_times(app, exception) -> None:
     LOGGER.info(f"  {count} chapter(s) executed in this build: {executed:.1f} s")
 
 
+# Extensions that Jupyter Book loads without declaring whether Sphinx may read and write
+# pages in parallel (tools/build_book.py runs Sphinx with -j): Sphinx then falls back to
+# one process with a warning, which -W makes an error. Both keep no per-page state in the
+# environment: sphinx_multitoc_numbering only replaces
+# TocTreeCollector.assign_section_numbers, which Sphinx calls in the main process after
+# merging what the readers collected; sphinx_jupyterbook_latex adds node classes and
+# transforms that act on one page at a time (and only for LaTeX).
+PARALLEL_SAFE = ("sphinx_multitoc_numbering", "sphinx_jupyterbook_latex")
+
+
+def _declare_parallel_safe(app, config) -> None:
+    for name in PARALLEL_SAFE:
+        extension = app.extensions.get(name)
+        if extension is None:
+            continue
+        for attribute in ("parallel_read_safe", "parallel_write_safe"):
+            if getattr(extension, attribute) is None:
+                setattr(extension, attribute, True)
+
+
 def setup(app):
     app.add_config_value("course_library_hash", "", "env")
+    app.connect("config-inited", _declare_parallel_safe)
     # after myst-nb and Jupyter Book have set nb_execution_cache_path
     app.connect("config-inited", _per_library_cache, priority=900)
     app.connect("config-inited", _note_start)

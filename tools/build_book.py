@@ -1,0 +1,55 @@
+"""Build the book the way ``jupyter-book build`` does, reading (and so executing) the
+chapters on every core: ``make book`` runs this.
+
+    python tools/build_book.py [jupyter-book build options] [--jobs N]
+
+Jupyter Book 1.x passes Sphinx no ``-j`` (its ``build_sphinx`` has a ``jobs`` argument
+that the command line never sets), so the chapters execute one after another although
+Sphinx, myst-nb and every extension here are parallel-read safe. This script sets it:
+Sphinx reads the pages in N processes, each executing its chapters (myst-nb's cache
+mode executes a chapter when its page is read), and merges what they collected. Each
+kernel then gets cores / N torch threads (``$OMP_NUM_THREADS``, which the chapters'
+``set_cpu_threads()`` follows), so N chapters do not fight over the same cores. N is
+``--jobs``, else ``$BOOK_JOBS``, else the number of usable cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--jobs", type=int, default=None)
+    args, rest = parser.parse_known_args(argv)
+    jobs = args.jobs or int(os.environ.get("BOOK_JOBS", 0)) or usable_cores()
+    if jobs < 1:
+        raise SystemExit(f"--jobs: expected an int >= 1, got {jobs}")
+    if jobs > 1:
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() // jobs)))
+    print(
+        f"build_book: {jobs} Sphinx process(es), "
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}",
+        flush=True,
+    )
+
+    from jupyter_book import sphinx as jb_sphinx
+    from jupyter_book.cli.main import main as jupyter_book_cli
+
+    # the command line imports build_sphinx from this module when it runs
+    jb_sphinx.build_sphinx = functools.partial(jb_sphinx.build_sphinx, jobs=jobs)
+    jupyter_book_cli(["build", *rest])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
