@@ -21,6 +21,43 @@ if not torch.cuda.is_available():
 ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "_build" / "html"
 
+# The folder a test lives in says what it needs, and is its marker (README, "Tests"):
+#   lib        library tests, one file per module of src/transformer_course
+#   exercises  the learners' self-checks, one file per chapter
+#   sources    reads chapter sources, notebooks and configuration without executing them
+#   slow       book builds, benchmarks, the GPU check, grading end to end, the Colab
+#              simulation, scripts
+#   site       the built book in _build/html, and a real browser on it
+TIERS = ("lib", "exercises", "sources", "slow", "site")
+# The grading and Colab tests are marked ``xdist_group`` ("grading", "colab"): their
+# fixtures build one environment per session, so each group runs on one xdist worker
+# (make test runs pytest with -n and --dist loadgroup, which starts the largest groups
+# first, on different workers).
+
+# Under pytest-xdist the workers share the cores: one torch thread each (and in the
+# kernels and scripts they start, through the environment), instead of every worker
+# starting as many threads as there are cores.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+
+def tier_of(path: Path) -> str | None:
+    """The tier folder of a test file (tests/<tier>/...), or None outside them."""
+    rel = Path(path).resolve().relative_to(ROOT / "tests")
+    return rel.parts[0] if len(rel.parts) > 1 and rel.parts[0] in TIERS else None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test with its folder's tier (``-m lib``, ``-m "not slow"``, ...)."""
+    for item in items:
+        tier = tier_of(item.path)
+        if tier is None:
+            raise pytest.UsageError(
+                f"{item.nodeid}: tests live in one of tests/{{{','.join(TIERS)}}}/"
+            )
+        item.add_marker(getattr(pytest.mark, tier))
+
 
 @pytest.fixture(autouse=True)
 def seed():

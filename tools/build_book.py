@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--jobs", type=int, default=None)
     args, rest = parser.parse_known_args(argv)
-    jobs = args.jobs or int(os.environ.get("BOOK_JOBS", 0)) or usable_cores()
+    jobs = args.jobs or int(os.environ.get("BOOK_JOBS", "0")) or usable_cores()
     if jobs < 1:
         raise SystemExit(f"--jobs: expected an int >= 1, got {jobs}")
     if jobs > 1:
