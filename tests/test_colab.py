@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import colab_sim
 
-pytestmark = pytest.mark.colab
+# One xdist worker runs them all: the simulation builds its environment once a session.
+pytestmark = [pytest.mark.colab, pytest.mark.xdist_group("colab")]
 
 CHAPTERS = [
     c for c in colab_sim.toc_chapters() if (ROOT / "notebooks" / f"{c}.ipynb").exists()
