@@ -30,7 +30,6 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from transformer_course.data import PAD_ID
-from transformer_course.viz.interactive import static_mode
 
 Tensor = torch.Tensor
 
@@ -109,6 +108,14 @@ def in_eval_mode(fn: Callable) -> Callable:
             return fn(model, *args, **kwargs)
 
     return wrapper
+
+
+def _static_mode() -> bool:
+    """``viz.static_mode()``, imported when a bar is to be shown: importing ``viz``
+    loads matplotlib and IPython, which the core modules never do at import."""
+    from transformer_course.viz.interactive import static_mode
+
+    return static_mode()
 
 
 @dataclass
@@ -203,7 +210,7 @@ def fit(
     bar = tqdm(
         total=max_steps,
         desc=desc,
-        disable=not progress or static_mode(),
+        disable=not progress or _static_mode(),
         mininterval=1.0,
     )
 
