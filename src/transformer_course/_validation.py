@@ -46,6 +46,22 @@ def one_of(name: str, value, choices) -> None:
         raise ValueError(f"{name}: expected one of {sorted(choices)}, got {value!r}")
 
 
+def non_negative(name: str, value) -> None:
+    """A real number >= 0 (a temperature, a length-penalty exponent); NaN fails."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}: expected a number, got {type(value).__name__}")
+    if not value >= 0:
+        raise ValueError(f"{name}: expected a number >= 0, got {value}")
+
+
+def nucleus_mass(name: str, value) -> None:
+    """A top-p probability mass in (0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}: expected a number, got {type(value).__name__}")
+    if not 0 < value <= 1:
+        raise ValueError(f"{name}: expected a probability in (0, 1], got {value}")
+
+
 def probability(name: str, value: float) -> None:
     """A dropout probability in [0, 1)."""
     if not 0.0 <= value < 1.0:
@@ -235,3 +251,30 @@ def positions(pos, n: int, *, allow_negative: bool = False) -> None:
         )
     if not allow_negative and (pos < 0).any():
         raise ValueError("positions: expected indices >= 0, got a negative one")
+
+
+def token_id_set(name: str, value) -> None:
+    """A token id >= 0 or a non-empty collection of them (stop tokens)."""
+    ids = [value] if isinstance(value, int) else value
+    if isinstance(value, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise TypeError(
+            f"{name}: expected an int or a collection of ints, got {type(value).__name__}"
+        )
+    ids = list(ids)
+    if not ids:
+        raise ValueError(f"{name}: expected at least one token id, got {value!r}")
+    for i in ids:
+        positive_int(name, i, 0)
+
+
+def left_padded(name: str, keep: Tensor) -> None:
+    """A bool (B, T) token mask whose every row ends with a real token (True): prompts
+    padded on the left, so the next token follows the last real one."""
+    ends_in_pad = ~keep[:, -1]  # (B,)
+    if ends_in_pad.any():
+        rows = ends_in_pad.nonzero()[:, 0].tolist()
+        raise ValueError(
+            f"{name}: expected left padding (every row's last position True), got "
+            f"rows {rows} ending in padding (right-padded prompts would continue "
+            "from the pad); pad prompts on the left"
+        )
