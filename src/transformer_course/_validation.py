@@ -83,6 +83,29 @@ def float_tensor(name: str, x, min_dim: int = 2) -> None:
         )
 
 
+def integer_tensor(name: str, x) -> None:
+    """An integer tensor (ids, lengths, positions): not float, bool or complex."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype.is_floating_point or x.dtype == torch.bool or x.is_complex():
+        raise TypeError(f"{name}: expected an integer tensor, got dtype {x.dtype}")
+
+
+def bool_tensor(name: str, mask) -> None:
+    """A bool mask of any shape, True = may attend (pitfall P4 for float masks)."""
+    if not isinstance(mask, Tensor):
+        raise TypeError(
+            f"{name}: expected a bool torch.Tensor, got {type(mask).__name__}"
+        )
+    if mask.dtype != torch.bool:
+        raise TypeError(
+            f"{name}: expected a bool mask (True = may attend), got dtype {mask.dtype}. "
+            "Additive float masks (0 / -inf) are not accepted: mixing them with bool "
+            "masks is how masks get silently dropped (pitfall P4). Convert with "
+            "`mask = float_mask == 0`."
+        )
+
+
 def qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
     """Queries (..., T, d_k), keys (..., S, d_k) and values (..., S, d_v) that agree:
     one float dtype, one d_k, one S, the same leading (batch, head) dimensions."""
