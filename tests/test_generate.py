@@ -143,3 +143,16 @@ def test_generate_stops_on_any_of_several_eos_tokens(tiny_config):
         generate(lm, ids, 2, eos_token_id=[])
     with pytest.raises(ValueError, match="eos_token_id"):
         generate(lm, ids, 2, eos_token_id=[3, -1])
+
+
+def test_generate_without_mask_pads_finished_rows_and_keeps_the_others(tiny_config):
+    lm = _lm(tiny_config, "sinusoidal")
+    ids = torch.tensor([[5, 6, 7], [4, 10, 11]])  # same length: no attention_mask
+    free = generate(lm, ids, 6)
+    eos = int(free[0, 3])  # row 0 stops at once
+    out = generate(lm, ids, 6, eos_token_id=eos)
+    assert (out[0, 4:] == lm.cfg.pad_id).all()
+    hits = (free[1, 3:] == eos).nonzero()
+    n = int(hits[0]) + 1 if len(hits) else 6
+    # row 1 goes on as it would alone
+    assert torch.equal(out[1, 3 : 3 + n], free[1, 3 : 3 + n])

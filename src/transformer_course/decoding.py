@@ -292,10 +292,9 @@ def generate(
     _sampling_args(top_k, top_p)
     cfg = model.cfg
     _validation.token_ids("ids", ids, cfg.tgt_vocab_size, cfg.max_len)
-    if attention_mask is None:
-        attention_mask = torch.ones_like(ids, dtype=torch.bool)  # (B, T)
-    _validation.keep_mask("attention_mask", attention_mask, tuple(ids.shape))
-    _validation.left_padded("attention_mask", attention_mask)
+    if attention_mask is not None:  # None: every token real, no mask to build
+        _validation.keep_mask("attention_mask", attention_mask, tuple(ids.shape))
+        _validation.left_padded("attention_mask", attention_mask)
     stop = _stop_ids(eos_token_id, ids.device)
     done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)  # finished
     caches = new_caches(model) if use_cache else None
@@ -310,8 +309,8 @@ def generate(
             nxt = torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B,)
         nxt = nxt.masked_fill(done, cfg.pad_id)  # finished rows get padding
         ids = torch.cat([ids, nxt[:, None]], dim=1)  # (B, T + 1)
-        # padding after a stop token is no real token
-        attention_mask = torch.cat([attention_mask, ~done[:, None]], dim=1)
+        if attention_mask is not None:  # a finished row's padding is no real token
+            attention_mask = torch.cat([attention_mask, ~done[:, None]], dim=1)
         if stop is not None:
             done |= torch.isin(nxt, stop)
         if done.all():
