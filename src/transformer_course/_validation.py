@@ -92,7 +92,8 @@ def integer_tensor(name: str, x) -> None:
 
 
 def bool_tensor(name: str, mask) -> None:
-    """A bool mask of any shape, True = may attend (pitfall P4 for float masks)."""
+    """A bool mask of any shape, True = may attend. Float additive masks are rejected
+    (pitfall P4): mixed with bool ones they get silently dropped."""
     if not isinstance(mask, Tensor):
         raise TypeError(
             f"{name}: expected a bool torch.Tensor, got {type(mask).__name__}"
@@ -100,9 +101,9 @@ def bool_tensor(name: str, mask) -> None:
     if mask.dtype != torch.bool:
         raise TypeError(
             f"{name}: expected a bool mask (True = may attend), got dtype {mask.dtype}. "
-            "Additive float masks (0 / -inf) are not accepted: mixing them with bool "
-            "masks is how masks get silently dropped (pitfall P4). Convert with "
-            "`mask = float_mask == 0`."
+            "Float additive masks (0 / -inf) are rejected so they cannot be silently "
+            "mixed with bool ones (pitfall P4); convert with `mask = float_mask == 0`, "
+            "or pass a float score offset (ALiBi, relative positions) as `bias`."
         )
 
 
@@ -151,17 +152,7 @@ def bool_mask(mask, scores_shape: tuple[int, ...]) -> None:
     ``None`` (no mask) passes."""
     if mask is None:
         return
-    if not isinstance(mask, Tensor):
-        raise TypeError(
-            f"mask: expected a bool torch.Tensor, got {type(mask).__name__}"
-        )
-    if mask.dtype != torch.bool:
-        raise TypeError(
-            f"mask: expected a bool mask (True = may attend), got dtype {mask.dtype}. "
-            "Float additive masks are rejected so they cannot be silently mixed with "
-            "bool ones (pitfall P4); convert with `mask = float_mask == 0`, or pass "
-            "a float score offset (ALiBi, relative positions) as `bias`."
-        )
+    bool_tensor("mask", mask)
     _broadcasts_to_scores(
         "mask", mask, scores_shape, "(T, S), (B, 1, 1, S), (B, H, T, S)"
     )

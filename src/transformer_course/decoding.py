@@ -135,14 +135,15 @@ def greedy_decode(
     n_new = _steps(model, max_new_tokens)
     stop = _stop_ids(eos_token_id, src.device)
     pad = model.cfg.pad_id
-    memory, src_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)
+    memory, memory_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)
     B = src.shape[0]
     tokens = torch.full((B, 1), bos_token_id, dtype=torch.long, device=src.device)
     done = torch.zeros(B, dtype=torch.bool, device=src.device)
     caches = new_caches(model) if use_cache else None
     for _ in range(n_new):
         step_in = tokens[:, -1:] if use_cache else tokens  # (B, 1) or (B, t)
-        logits = model.decode(step_in, memory, src_mask, caches=caches)[:, -1]  # (B, V)
+        out = model.decode(step_in, memory, memory_mask, caches=caches)  # (B, t, V)
+        logits = out[:, -1]  # (B, V)
         nxt = logits.argmax(-1).masked_fill(done, pad)  # finished rows get padding
         tokens = torch.cat([tokens, nxt[:, None]], dim=1)  # (B, t + 1)
         done |= torch.isin(nxt, stop)
@@ -202,9 +203,9 @@ def beam_search(
     stop = _stop_ids(eos_token_id, src.device)
     pad = model.cfg.pad_id
     B, K = src.shape[0], beam_size
-    memory, src_mask = model.encode(src)  # (B, S, D)
+    memory, memory_mask = model.encode(src)  # (B, S, D)
     memory = memory.repeat_interleave(K, dim=0)  # (B*K, S, D)
-    src_mask = src_mask.repeat_interleave(K, dim=0)  # (B*K, 1, 1, S)
+    memory_mask = memory_mask.repeat_interleave(K, dim=0)  # (B*K, 1, 1, S)
     dev = src.device
     tokens = torch.full((B * K, 1), bos_token_id, dtype=torch.long, device=dev)
     scores = torch.zeros(B, K, device=dev)
@@ -213,7 +214,7 @@ def beam_search(
     caches = new_caches(model) if use_cache else None
     for _ in range(n_new):
         step_in = tokens[:, -1:] if use_cache else tokens  # (B*K, 1) or (B*K, t)
-        logits = model.decode(step_in, memory, src_mask, caches=caches)[:, -1]
+        logits = model.decode(step_in, memory, memory_mask, caches=caches)[:, -1]
         logp = F.log_softmax(logits.float(), dim=-1)  # (B*K, V)
         V = logp.shape[-1]
         logp[done] = float("-inf")  # a finished hypothesis only extends with padding,

@@ -10,6 +10,19 @@ bool masks (True = ignore); ``from_key_padding_mask`` converts. Masks are combin
 logical and, never by adding large negative floats, which overflows in float16
 (transformers PR #17306).
 
+One name per meaning:
+
+- ``mask``: what attention takes, any shape broadcasting to the scores, True = may
+  attend (``causal_mask``, ``sliding_window_mask``, ``combine_masks``).
+- ``padding_mask``: the (B, 1, 1, S) mask that hides padded keys, True = real key
+  (``padding_mask()``); passed to cross-attention it is the ``memory_mask``
+  (``nn.Transformer``'s name for the mask over the encoder's output).
+- ``attention_mask``: Hugging Face's (B, S) token mask, True = real token
+  (``DecoderOnlyLM``, ``decoding.generate``), which the model turns into a (B, 1, 1, S)
+  padding mask.
+- ``key_padding_mask``: only where PyTorch's (B, S), True = *ignore*, is mirrored
+  (``from_key_padding_mask``).
+
 Sources: Vaswani et al. 2017, "Attention Is All You Need", section 3.2.3 (causal mask);
 Beltagy et al. 2020 (Longformer) and Jiang et al. 2023 (Mistral) for sliding windows.
 """
