@@ -13,7 +13,8 @@ collection of them; finished rows are padded with ``model.cfg.pad_id``.
 Sources: Vaswani et al. 2017, section 6.1 (beam size 4, length penalty 0.6);
 Wu et al. 2016, "Google's Neural Machine Translation System", section 7, equation (14)
 (length penalty); Holtzman et al. 2020, "The Curious Case of Neural Text Degeneration"
-(top-p / nucleus sampling); Fan et al. 2018 (top-k sampling)."""
+(top-p / nucleus sampling); Fan et al. 2018 (top-k sampling).
+"""
 
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ def _stop_ids(eos_token_id, device) -> Tensor | None:
     return torch.tensor(ids, device=device)
 
 
-def _strip(row: list[int], bos: int, stop: Tensor, pad: int) -> list[int]:
+def _strip(row: list[int], bos: int, stop: set[int], pad: int) -> list[int]:
     """Tokens up to (not including) the first stop token, without BOS/padding."""
     out = []
     for t in row:
@@ -149,7 +150,8 @@ def greedy_decode(
         done |= torch.isin(nxt, stop)
         if done.all():
             break
-    return [_strip(row, bos_token_id, stop, pad) for row in tokens.tolist()]
+    stop_set = set(stop.tolist())
+    return [_strip(row, bos_token_id, stop_set, pad) for row in tokens.tolist()]
 
 
 def length_penalty_gnmt(length: Tensor, alpha: float) -> Tensor:
@@ -233,7 +235,8 @@ def beam_search(
     final = scores / length_penalty_gnmt(length.float(), length_penalty)  # (B, K)
     best = final.argmax(-1)  # (B,)
     rows = (torch.arange(B, device=dev) * K + best).tolist()
-    return [_strip(tokens[r].tolist(), bos_token_id, stop, pad) for r in rows]
+    stop_set = set(stop.tolist())
+    return [_strip(tokens[r].tolist(), bos_token_id, stop_set, pad) for r in rows]
 
 
 @in_eval_mode  # eval mode, no gradients; the model's mode is restored
