@@ -294,8 +294,7 @@ def generate(
     _validation.positive_int("max_new_tokens", max_new_tokens, 0)
     _validation.non_negative("temperature", temperature)
     _sampling_args(top_k, top_p)
-    cfg = model.cfg
-    _validation.token_ids("ids", ids, cfg.tgt_vocab_size, cfg.max_len)
+    _validation.integer_tensor("ids", ids)  # the model checks shape and range
     if attention_mask is not None:  # None: every token real, no mask to build
         _validation.keep_mask("attention_mask", attention_mask, tuple(ids.shape))
         _validation.left_padded("attention_mask", attention_mask)
@@ -311,7 +310,7 @@ def generate(
         else:
             probs = F.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
             nxt = torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B,)
-        nxt = nxt.masked_fill(done, cfg.pad_id)  # finished rows get padding
+        nxt = nxt.masked_fill(done, model.cfg.pad_id)  # finished rows get padding
         ids = torch.cat([ids, nxt[:, None]], dim=1)  # (B, T + 1)
         if attention_mask is not None:  # a finished row's padding is no real token
             attention_mask = torch.cat([attention_mask, ~done[:, None]], dim=1)
