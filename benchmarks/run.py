@@ -32,22 +32,27 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import io
 import json
-import logging
 import math
 import os
 import platform
 import sys
 import time
-import warnings
 from functools import partial
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from transformer_course.measure import best_time
+from transformer_course.decoding import generate
+from transformer_course.measure import best_time, record_forward, state_dict_bytes
+from transformer_course.quantize import quantize_linear_weights_, torchao_int8
+from transformer_course.training import (
+    evaluating,
+    lm_loss,
+    next_token_windows,
+    train_lm,
+)
 
 HERE = Path(__file__).resolve().parent
 
@@ -446,58 +451,32 @@ def shakespeare_lm(
     model = DecoderOnlyLM(cfg).to(device)
     data = torch.tensor(tok.encode(train_text), device=device)
     val = torch.tensor(tok.encode(val_text[:20_000]), device=device)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    gen = torch.Generator().manual_seed(seed)
-    loss = torch.tensor(float("nan"))
-    model.train()
-    for _ in range(steps):
-        starts = torch.randint(0, len(data) - block - 1, (batch,), generator=gen)
-        x = torch.stack([data[s : s + block + 1] for s in starts.tolist()])  # (B, L+1)
-        logits = model(x[:, :-1])  # (B, L, V)
-        loss = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    model.eval()
-    n_val = (len(val) - 1) // block
-    xv = val[: n_val * block + 1]
-    x_val = xv[:-1].view(n_val, block)  # (N, L)
-    y_val = xv[1:].view(n_val, block)  # (N, L)
-    return model, tok, (x_val, y_val), loss.item()
+    hist = train_lm(model, data, steps=steps, batch_size=batch, block=block, seed=seed)
+    return model, tok, next_token_windows(val, block), hist.loss[-1]
 
 
-@torch.no_grad()
 def val_loss(model, x_val, y_val) -> float:
-    logits = model(x_val)
-    return F.cross_entropy(logits.flatten(0, 1).float(), y_val.flatten()).item()
+    with evaluating(model):
+        return lm_loss(model, x_val, y_val).item()
 
 
-@torch.no_grad()
-def generate(model, prompt, n_new, use_cache: bool):
-    """Greedy generation; returns (ids, logits of every step)."""
-    from transformer_course.decoding import new_caches
-
-    caches = new_caches(model) if use_cache else None
-    ids, step_in, all_logits = prompt, prompt, []
-    for _ in range(n_new):
-        logits = model(step_in, caches=caches)[:, -1]  # (B, V)
-        nxt = logits.argmax(-1, keepdim=True)  # (B, 1)
-        all_logits.append(logits)
-        ids = torch.cat([ids, nxt], dim=1)
-        step_in = nxt if use_cache else ids
-    return ids, torch.stack(all_logits, dim=1)
+def generate_with_logits(model, prompt, n_new, use_cache: bool):
+    """The library's greedy ``generate``; returns (ids, logits of every step)."""
+    with record_forward(model) as steps:
+        ids = generate(model, prompt, n_new, use_cache=use_cache)
+    return ids, torch.stack([logits for _, logits in steps], dim=1)
 
 
 def bench_kv_cache(model, tok, lengths, device) -> list[dict]:
     prompt = torch.tensor([tok.encode("ROMEO:\n")], device=device)
-    generate(model, prompt, 4, use_cache=True)  # warm-up
+    generate_with_logits(model, prompt, 4, use_cache=True)  # warm-up
     rows = []
     for n in lengths:
         start = time.perf_counter()
-        ids_c, logits_c = generate(model, prompt, n, use_cache=True)
+        ids_c, logits_c = generate_with_logits(model, prompt, n, use_cache=True)
         cached = time.perf_counter() - start
         start = time.perf_counter()
-        ids_u, logits_u = generate(model, prompt, n, use_cache=False)
+        ids_u, logits_u = generate_with_logits(model, prompt, n, use_cache=False)
         uncached = time.perf_counter() - start
         rows.append(
             {
@@ -541,34 +520,20 @@ def kv_bytes_table(cfg, n_kv_options) -> list[dict]:
     return rows
 
 
-def state_bytes(model) -> int:
-    buf = io.BytesIO()
-    torch.save(model.state_dict(), buf)
-    return buf.getbuffer().nbytes
-
-
 def bench_int8(model, x_val, y_val, repeat=3) -> dict:
-    from transformer_course.quantize import dequantize_int8, quantize_int8
-
     cpu = torch.device("cpu")
     model = model.to(cpu).eval()
     x_val, y_val = x_val.to(cpu), y_val.to(cpu)
     rows = {
         "float32": {
-            "bytes": state_bytes(model),
+            "bytes": state_dict_bytes(model),
             "loss": val_loss(model, x_val, y_val),
             "s": best_time(lambda: model(x_val), cpu, repeat),
         }
     }
     by_hand = copy.deepcopy(model)
-    int8_bytes = fp32_bytes = 0
-    with torch.no_grad():
-        for mod in by_hand.modules():
-            if isinstance(mod, torch.nn.Linear):
-                w_int8, scale = quantize_int8(mod.weight)
-                mod.weight.copy_(dequantize_int8(w_int8, scale))
-                int8_bytes += w_int8.numel() + 4 * scale.numel()
-                fp32_bytes += 4 * w_int8.numel()
+    int8_bytes = quantize_linear_weights_(by_hand)
+    fp32_bytes = sum(4 * p.numel() for p in model.parameters())
     rows["int8 by hand"] = {
         "bytes": rows["float32"]["bytes"] - fp32_bytes + int8_bytes,
         "loss": val_loss(by_hand, x_val, y_val),
@@ -576,25 +541,10 @@ def bench_int8(model, x_val, y_val, repeat=3) -> dict:
         "note": "Linear weights rounded to int8 per row; bytes count int8 weights "
         "plus one float32 scale per row; run with the weights dequantized",
     }
-    for noisy in ("torchao", "torch.utils._pytree"):  # import-time notices
-        logging.getLogger(noisy).setLevel(logging.ERROR)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from torchao.quantization import (
-                Int8DynamicActivationInt8WeightConfig,
-                Int8WeightOnlyConfig,
-                quantize_,
-            )
-        configs = {
-            "torchao int8 weight-only": Int8WeightOnlyConfig(),
-            "torchao int8 dynamic": Int8DynamicActivationInt8WeightConfig(),
-        }
-        for name, config in configs.items():
-            q = copy.deepcopy(model)
-            quantize_(q, config)
+        for name, q in torchao_int8(model).items():
             rows[name] = {
-                "bytes": state_bytes(q),
+                "bytes": state_dict_bytes(q),
                 "loss": val_loss(q, x_val, y_val),
                 "s": best_time(lambda q=q: q(x_val), cpu, repeat),
             }

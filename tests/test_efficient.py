@@ -333,3 +333,51 @@ def test_language_model_with_gqa_layers_cached_equals_uncached(tiny_config):
         steps += [lm(ids[:, t : t + 1], caches=caches) for t in range(4, 10)]
     assert caches[0].k.shape == (2, 2, 10, 8)  # the cache holds H_kv = 2 heads
     assert max_err(torch.cat(steps, dim=1), full) < 1e-5
+
+
+# ---------------------- int8 of a whole model, saved bytes, generation steps (issue 24)
+
+
+def test_quantize_linear_weights_rounds_in_place_and_counts_int8_bytes():
+    from transformer_course.quantize import quantize_linear_weights_
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
+    w = model[0].weight.detach().clone()
+    n_bytes = quantize_linear_weights_(model)
+    # 12 int8 weights + 3 float32 scales + 3 float32 biases + the norm's 6 floats
+    assert n_bytes == 12 + 3 * 4 + 3 * 4 + 6 * 4
+    assert n_bytes != 4 * sum(p.numel() for p in model.parameters())  # not float32
+    torch.testing.assert_close(model[0].weight, dequantize_int8(*quantize_int8(w)))
+    assert not torch.equal(model[0].weight, w)  # really rounded
+    tied = torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False))
+    tied.append(torch.nn.Linear(4, 4, bias=False))
+    tied[1].weight = tied[0].weight
+    assert quantize_linear_weights_(tied) == 16 + 4 * 4  # a shared weight counts once
+
+
+def test_state_dict_bytes_counts_the_saved_weights():
+    from transformer_course.measure import state_dict_bytes
+
+    small, large = torch.nn.Linear(4, 4), torch.nn.Linear(64, 64)
+    assert state_dict_bytes(small) > 4 * 20  # the floats plus the file's framing
+    assert state_dict_bytes(large) - state_dict_bytes(small) >= 4 * (4160 - 20)
+
+
+def test_record_forward_sees_every_generate_step(tiny_config):
+    from transformer_course.decoding import generate
+    from transformer_course.measure import record_forward
+    from transformer_course.model import DecoderOnlyLM
+
+    lm = DecoderOnlyLM(tiny_config()).double().eval()
+    prompt = torch.tensor([[4, 5, 6]])
+    with record_forward(lm) as cached:
+        ids = generate(lm, prompt, 5)
+    with record_forward(lm) as plain:
+        assert torch.equal(generate(lm, prompt, 5, use_cache=False), ids)
+    assert len(cached) == len(plain) == 5 and not lm._forward_hooks  # hook removed
+    logits = torch.stack([out for _, out in cached], dim=1)  # (1, 5, V)
+    assert torch.equal(logits.argmax(-1), ids[:, 3:])  # each step's logits, in order
+    torch.testing.assert_close(logits, torch.stack([o for _, o in plain], dim=1))
+    times = [t for t, _ in cached]
+    assert times == sorted(times)  # seconds since the block began

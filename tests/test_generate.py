@@ -80,7 +80,7 @@ def test_generate_stops_each_row_at_eos_and_pads_after_it(tiny_config):
     T = ids.shape[1]
     free = generate(lm, ids, 8, attention_mask=keep)
     eos = int(free[0, T])  # row 0's first new token plays the end of sequence
-    out = generate(lm, ids, 8, attention_mask=keep, eos_id=eos)
+    out = generate(lm, ids, 8, attention_mask=keep, eos_token_id=eos)
     n_new = out.shape[1] - T
     for b in range(3):
         row, ref = out[b, T:], free[b, T : T + n_new]
@@ -90,7 +90,7 @@ def test_generate_stops_each_row_at_eos_and_pads_after_it(tiny_config):
         assert (row[n:] == lm.cfg.pad_id).all()
     assert out[0, T] == eos and (out[0, T + 1 :] == lm.cfg.pad_id).all()
     # every row finished: generation stops at once
-    one = generate(lm, ids[:1], 8, attention_mask=keep[:1], eos_id=eos)
+    one = generate(lm, ids[:1], 8, attention_mask=keep[:1], eos_token_id=eos)
     assert one.shape == (1, T + 1)
 
 
@@ -103,3 +103,56 @@ def test_generate_rejects_bad_arguments(tiny_config):
         generate(lm, ids, 2, attention_mask=keep[:, 1:])
     with pytest.raises(TypeError, match="attention_mask"):
         generate(lm, ids, 2, attention_mask=keep.long())
+
+
+def test_generate_raises_on_right_padded_prompt(tiny_config):
+    # Hugging Face transformers PR #19067: a right-padded prompt continues from the pad
+    lm = _lm(tiny_config, "sinusoidal")
+    ids, keep = _left_pad(PROMPTS)
+    right = torch.zeros_like(keep)
+    for b, p in enumerate(PROMPTS):
+        right[b, : len(p)] = True  # the same prompts, padded on the right
+    with pytest.raises(
+        ValueError, match=r"attention_mask: expected left padding.*\[1, 2\]"
+    ):
+        generate(lm, ids, 2, attention_mask=right)
+    generate(lm, ids, 2, attention_mask=keep)  # left padding: accepted
+
+
+@param("kind", KINDS)
+def test_generate_without_cache_equals_with_cache(kind, tiny_config):
+    lm = _lm(tiny_config, kind)
+    ids, keep = _left_pad(PROMPTS)
+    cached = generate(lm, ids, 6, attention_mask=keep)
+    assert torch.equal(
+        generate(lm, ids, 6, attention_mask=keep, use_cache=False), cached
+    )
+
+
+def test_generate_stops_on_any_of_several_eos_tokens(tiny_config):
+    lm = _lm(tiny_config, "sinusoidal")
+    ids, keep = _left_pad(PROMPTS)
+    T = ids.shape[1]
+    free = generate(lm, ids, 8, attention_mask=keep)
+    first = {int(free[b, T]) for b in range(3)}  # every row's first new token
+    out = generate(lm, ids, 8, attention_mask=keep, eos_token_id=first)
+    assert out.shape == (3, T + 1)  # every row stopped at its first token
+    one = generate(lm, ids, 8, attention_mask=keep, eos_token_id=int(free[0, T]))
+    assert one.shape[1] > T + 1 or len(first) == 1  # known wrong: one id stops fewer
+    with pytest.raises(ValueError, match="eos_token_id"):
+        generate(lm, ids, 2, eos_token_id=[])
+    with pytest.raises(ValueError, match="eos_token_id"):
+        generate(lm, ids, 2, eos_token_id=[3, -1])
+
+
+def test_generate_without_mask_pads_finished_rows_and_keeps_the_others(tiny_config):
+    lm = _lm(tiny_config, "sinusoidal")
+    ids = torch.tensor([[5, 6, 7], [4, 10, 11]])  # same length: no attention_mask
+    free = generate(lm, ids, 6)
+    eos = int(free[0, 3])  # row 0 stops at once
+    out = generate(lm, ids, 6, eos_token_id=eos)
+    assert (out[0, 4:] == lm.cfg.pad_id).all()
+    hits = (free[1, 3:] == eos).nonzero()
+    n = int(hits[0]) + 1 if len(hits) else 6
+    # row 1 goes on as it would alone
+    assert torch.equal(out[1, 3 : 3 + n], free[1, 3 : 3 + n])

@@ -88,7 +88,7 @@ def test_absolute_modules_add_table_at_given_positions(module):
     layer = (
         SinusoidalPositionalEncoding(d, max_len)
         if module == "sinusoidal"
-        else LearnedPositionalEmbedding(max_len, d)
+        else LearnedPositionalEmbedding(d, max_len)
     )
     table = layer.pe if module == "sinusoidal" else layer.embedding.weight
     x = torch.randn(2, 4, d)
@@ -419,3 +419,15 @@ def test_sinusoidal_dot_product_depends_only_on_distance(k):
     omega = 10000.0 ** (-torch.arange(0, 32, 2, dtype=torch.float64) / 32)
     torch.testing.assert_close(dots, torch.cos(k * omega).sum().expand_as(dots))
     assert not torch.allclose(dots, torch.cos((k + 1) * omega).sum().expand_as(dots))
+
+
+@param("cls", [SinusoidalPositionalEncoding, LearnedPositionalEmbedding])
+def test_positional_classes_take_d_model_then_max_len(cls):
+    layer = cls(6, 12)  # one order for every positional class
+    assert (layer.d_model, layer.max_len) == (6, 12)
+    table = layer.pe if cls is SinusoidalPositionalEncoding else layer.embedding.weight
+    assert table.shape == (12, 6)  # (max_len, d_model) rows of positions
+    with pytest.raises(ValueError, match="x: expected shape"):
+        layer(torch.randn(1, 3, 12))  # known wrong: the sizes swapped
+    with pytest.raises(ValueError, match="max_len"):
+        cls(6, 0)

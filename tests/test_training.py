@@ -389,3 +389,74 @@ def test_chapter6_checks(check, right, wrong, words, capsys):
     assert "not attempted yet" in capsys.readouterr().out
     with pytest.raises(CheckError, match=words):
         check.strict(wrong)
+
+
+# ------------------------------- the decoder-only LM's training (chapter 7, issue 24)
+
+
+def _chapter7_loop(model, ids, steps, batch_size, block, lr, seed):
+    """Chapter 7's loop as it was written before ``train_lm`` (the reference)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(seed)
+    model.train()
+    for _ in range(steps):
+        starts = torch.randint(0, len(ids) - block - 1, (batch_size,), generator=gen)
+        batch = torch.stack([ids[s : s + block + 1] for s in starts.tolist()])
+        logits = model(batch[:, :-1])
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return loss.item()
+
+
+def test_train_lm_equals_the_loop_it_replaces(tiny_config):
+    from transformer_course.model import DecoderOnlyLM
+    from transformer_course.training import train_lm
+
+    ids = torch.randint(0, 12, (300,))
+    kw = {"steps": 4, "batch_size": 3, "block": 8, "lr": 3e-3}
+    torch.manual_seed(0)
+    ref = DecoderOnlyLM(tiny_config())
+    last = _chapter7_loop(ref, ids, seed=1, **kw)
+    torch.manual_seed(0)
+    lm = DecoderOnlyLM(tiny_config())
+    hist = train_lm(lm, ids, seed=1, **kw)
+    assert hist.steps == 4 and hist.loss[-1] == pytest.approx(last)
+    for a, b in zip(lm.parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b)
+    assert not lm.training
+    torch.manual_seed(0)
+    other = DecoderOnlyLM(tiny_config())
+    train_lm(other, ids, seed=2, **kw)  # known wrong: other windows, other weights
+    assert any(
+        not torch.equal(a, b) for a, b in zip(other.parameters(), lm.parameters())
+    )
+
+
+def test_train_lm_raises_on_a_sequence_shorter_than_a_window(tiny_config):
+    from transformer_course.model import DecoderOnlyLM
+    from transformer_course.training import train_lm
+
+    lm = DecoderOnlyLM(tiny_config())
+    with pytest.raises(ValueError, match="ids: expected a 1-D sequence"):
+        train_lm(lm, torch.arange(9), steps=1, batch_size=2, block=8)
+    with pytest.raises(ValueError, match="batch_size"):
+        train_lm(lm, torch.arange(50), steps=1, batch_size=0, block=8)
+
+
+def test_next_token_windows_and_lm_loss(tiny_config):
+    from transformer_course.model import DecoderOnlyLM
+    from transformer_course.training import lm_loss, next_token_windows
+
+    x, y = next_token_windows(torch.arange(11), 3)
+    assert x.tolist() == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    assert torch.equal(y, x + 1)  # the next id of each
+    lm = DecoderOnlyLM(tiny_config()).eval()
+    x, y = torch.randint(0, 12, (2, 5)), torch.randint(0, 12, (2, 5))
+    logits = lm(x)
+    expected = nn.functional.cross_entropy(logits.reshape(10, -1), y.reshape(10))
+    torch.testing.assert_close(lm_loss(lm, x, y), expected)
+    assert lm_loss(lm, x, x) != expected  # known wrong: the targets are read
+    with pytest.raises(ValueError, match="ids"):
+        next_token_windows(torch.arange(3), 3)

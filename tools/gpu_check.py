@@ -154,7 +154,7 @@ def check_training(
     block: int,
 ):
     from transformer_course.data import CharTokenizer
-    from transformer_course.decoding import new_caches
+    from transformer_course.decoding import generate
     from transformer_course.model import DecoderOnlyLM, TransformerConfig
     from transformer_course.translation_data import number_words
 
@@ -219,16 +219,8 @@ def check_training(
 
     model.eval()
     prompt = torch.tensor([tok.encode("forty-two")], device=device)
-    with torch.no_grad():
-        plain, cached = prompt, prompt
-        caches = new_caches(model)
-        step_in = prompt
-        for _ in range(16):
-            nxt = model(plain)[:, -1].argmax(-1, keepdim=True)
-            plain = torch.cat([plain, nxt], dim=1)
-            nxt_c = model(step_in, caches=caches)[:, -1].argmax(-1, keepdim=True)
-            cached = torch.cat([cached, nxt_c], dim=1)
-            step_in = nxt_c
+    plain = generate(model, prompt, 16, use_cache=False)
+    cached = generate(model, prompt, 16)
     report.line(f"generated after 'forty-two': {tok.decode(plain[0].tolist())!r}")
     report.check(torch.equal(plain, cached), "greedy tokens with KV cache == without")
 

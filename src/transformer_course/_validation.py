@@ -46,6 +46,22 @@ def one_of(name: str, value, choices) -> None:
         raise ValueError(f"{name}: expected one of {sorted(choices)}, got {value!r}")
 
 
+def non_negative(name: str, value) -> None:
+    """A real number >= 0 (a temperature, a length-penalty exponent); NaN fails."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}: expected a number, got {type(value).__name__}")
+    if not value >= 0:
+        raise ValueError(f"{name}: expected a number >= 0, got {value}")
+
+
+def nucleus_mass(name: str, value) -> None:
+    """A top-p probability mass in (0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}: expected a number, got {type(value).__name__}")
+    if not 0 < value <= 1:
+        raise ValueError(f"{name}: expected a probability in (0, 1], got {value}")
+
+
 def probability(name: str, value: float) -> None:
     """A dropout probability in [0, 1)."""
     if not 0.0 <= value < 1.0:
@@ -64,6 +80,30 @@ def float_tensor(name: str, x, min_dim: int = 2) -> None:
         raise ValueError(
             f"{name}: expected at least {min_dim} dimensions (..., length, features), "
             f"got shape {tuple(x.shape)}"
+        )
+
+
+def integer_tensor(name: str, x) -> None:
+    """An integer tensor (ids, lengths, positions): not float, bool or complex."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype.is_floating_point or x.dtype == torch.bool or x.is_complex():
+        raise TypeError(f"{name}: expected an integer tensor, got dtype {x.dtype}")
+
+
+def bool_tensor(name: str, mask) -> None:
+    """A bool mask of any shape, True = may attend. Float additive masks are rejected
+    (pitfall P4): mixed with bool ones they get silently dropped."""
+    if not isinstance(mask, Tensor):
+        raise TypeError(
+            f"{name}: expected a bool torch.Tensor, got {type(mask).__name__}"
+        )
+    if mask.dtype != torch.bool:
+        raise TypeError(
+            f"{name}: expected a bool mask (True = may attend), got dtype {mask.dtype}. "
+            "Float additive masks (0 / -inf) are rejected so they cannot be silently "
+            "mixed with bool ones (pitfall P4); convert with `mask = float_mask == 0`, "
+            "or pass a float score offset (ALiBi, relative positions) as `bias`."
         )
 
 
@@ -112,17 +152,7 @@ def bool_mask(mask, scores_shape: tuple[int, ...]) -> None:
     ``None`` (no mask) passes."""
     if mask is None:
         return
-    if not isinstance(mask, Tensor):
-        raise TypeError(
-            f"mask: expected a bool torch.Tensor, got {type(mask).__name__}"
-        )
-    if mask.dtype != torch.bool:
-        raise TypeError(
-            f"mask: expected a bool mask (True = may attend), got dtype {mask.dtype}. "
-            "Float additive masks are rejected so they cannot be silently mixed with "
-            "bool ones (pitfall P4); convert with `mask = float_mask == 0`, or pass "
-            "a float score offset (ALiBi, relative positions) as `bias`."
-        )
+    bool_tensor("mask", mask)
     _broadcasts_to_scores(
         "mask", mask, scores_shape, "(T, S), (B, 1, 1, S), (B, H, T, S)"
     )
@@ -235,3 +265,30 @@ def positions(pos, n: int, *, allow_negative: bool = False) -> None:
         )
     if not allow_negative and (pos < 0).any():
         raise ValueError("positions: expected indices >= 0, got a negative one")
+
+
+def token_id_set(name: str, value) -> None:
+    """A token id >= 0 or a non-empty collection of them (stop tokens)."""
+    ids = [value] if isinstance(value, int) else value
+    if isinstance(value, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise TypeError(
+            f"{name}: expected an int or a collection of ints, got {type(value).__name__}"
+        )
+    ids = list(ids)
+    if not ids:
+        raise ValueError(f"{name}: expected at least one token id, got {value!r}")
+    for i in ids:
+        positive_int(name, i, 0)
+
+
+def left_padded(name: str, keep: Tensor) -> None:
+    """A bool (B, T) token mask whose every row ends with a real token (True): prompts
+    padded on the left, so the next token follows the last real one."""
+    ends_in_pad = ~keep[:, -1]  # (B,)
+    if ends_in_pad.any():
+        rows = ends_in_pad.nonzero()[:, 0].tolist()
+        raise ValueError(
+            f"{name}: expected left padding (every row's last position True), got "
+            f"rows {rows} ending in padding (right-padded prompts would continue "
+            "from the pad); pad prompts on the left"
+        )

@@ -45,7 +45,9 @@ class CharTokenizer:
     Raises (``encode``): ValueError naming the first character not in the vocabulary.
     """
 
-    pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
+    # Hugging Face's attribute names, as the decoders' arguments
+    pad_token_id, bos_token_id, eos_token_id = PAD_ID, BOS_ID, EOS_ID
+    unk_token_id = UNK_ID
 
     def __init__(self, texts: Iterable[str]):
         chars = sorted(set().union(*map(set, texts)))
@@ -91,7 +93,9 @@ class HFTokenizer:
     Raises (``encode``): ValueError naming the piece of text that maps to ``<unk>``.
     """
 
-    pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
+    # Hugging Face's attribute names, as the decoders' arguments
+    pad_token_id, bos_token_id, eos_token_id = PAD_ID, BOS_ID, EOS_ID
+    unk_token_id = UNK_ID
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer

@@ -4,9 +4,11 @@ Derived in chapter 6 (greedy and beam search for the translator) and used in cha
 (``generate`` from the decoder-only LM, KV cache cost). Shape letters: B batch,
 K beam size, H heads, S sequence length so far, d_k head size, V vocabulary.
 
-Every decoder here feeds only the newest token to the model at each step and keeps
-the keys and values of the earlier tokens in a ``KVCache`` per layer, so a step costs
-O(S) instead of re-running the whole prefix (O(S^2)).
+One convention for every decoder: ``max_new_tokens`` bounds the tokens added;
+``use_cache=True`` feeds only the newest token each step and keeps the earlier keys
+and values in a ``KVCache`` per layer (O(S) a step), ``use_cache=False`` re-runs the
+whole prefix (O(S^2), the same tokens); ``eos_token_id`` is one stop id or a
+collection of them; finished rows are padded with ``model.cfg.pad_id``.
 
 Sources: Vaswani et al. 2017, section 6.1 (beam size 4, length penalty 0.6);
 Wu et al. 2016, "Google's Neural Machine Translation System", section 7, equation (14)
@@ -16,10 +18,13 @@ Wu et al. 2016, "Google's Neural Machine Translation System", section 7, equatio
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 import torch.nn.functional as F
 
-from transformer_course.data import BOS_ID, EOS_ID, PAD_ID
+from transformer_course import _validation
+from transformer_course.data import BOS_ID, EOS_ID
 from transformer_course.training import in_eval_mode
 
 Tensor = torch.Tensor
@@ -74,46 +79,79 @@ def new_caches(model) -> list[KVCache]:
     return [KVCache() for _ in layers]
 
 
-def _strip(row: list[int]) -> list[int]:
-    """Tokens up to (not including) the first EOS, without BOS/PAD."""
+def _stop_ids(eos_token_id, device) -> Tensor | None:
+    """The stop tokens as a 1-D tensor (None: no stop token)."""
+    if eos_token_id is None:
+        return None
+    _validation.token_id_set("eos_token_id", eos_token_id)
+    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    return torch.tensor(ids, device=device)
+
+
+def _strip(row: list[int], bos: int, stop: set[int], pad: int) -> list[int]:
+    """Tokens up to (not including) the first stop token, without BOS/padding."""
     out = []
     for t in row:
-        if t == EOS_ID:
+        if t in stop:
             break
-        if t not in (BOS_ID, PAD_ID):
+        if t not in (bos, pad):
             out.append(t)
     return out
 
 
+def _steps(model, max_new_tokens) -> int:
+    if max_new_tokens is None:
+        return model.cfg.max_len - 1  # what the positions allow after BOS
+    _validation.positive_int("max_new_tokens", max_new_tokens, 0)
+    return max_new_tokens
+
+
 @in_eval_mode  # eval mode, no gradients; the model's mode is restored
-def greedy_decode(model, src: Tensor, max_len: int | None = None, *, use_cache=True):
+def greedy_decode(
+    model,
+    src: Tensor,
+    max_new_tokens: int | None = None,
+    *,
+    use_cache: bool = True,
+    bos_token_id: int = BOS_ID,
+    eos_token_id: int | Collection[int] = EOS_ID,
+) -> list[list[int]]:
     """Translate a batch by always taking the most likely next token.
 
     Args:
-        model: a ``Transformer``.
-        src: source ids (B, S), right-padded with the pad id.
-        max_len: most tokens to generate (default: what positions allow).
-        use_cache: feed one token a step with a KV cache (True), or re-run the whole
-            prefix every step (False, for the equivalence test and the benchmark).
+        model: a ``Transformer`` (or any model with ``encode``, ``decode`` and ``cfg``).
+        src: source ids (B, S), right-padded with ``model.cfg.pad_id``.
+        max_new_tokens: most tokens after BOS (default ``cfg.max_len - 1``).
+        use_cache: KV caches (True) or the whole prefix every step (False).
+        bos_token_id, eos_token_id: the start id and the stop id(s); the defaults are
+            the ids every tokenizer of ``data`` reserves.
 
     Returns:
-        One list of token ids per source row, without BOS and EOS.
+        One list of token ids per source row, without BOS, EOS and padding.
+
+    Raises:
+        TypeError / ValueError: a negative or non-int ``max_new_tokens``, a bad
+            ``eos_token_id``; as the model for bad ``src``.
     """
-    memory, src_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)
+    n_new = _steps(model, max_new_tokens)
+    stop = _stop_ids(eos_token_id, src.device)
+    pad = model.cfg.pad_id
+    memory, memory_mask = model.encode(src)  # (B, S, D), (B, 1, 1, S)
     B = src.shape[0]
-    max_len = max_len or model.cfg.max_len - 1
-    tokens = torch.full((B, 1), BOS_ID, dtype=torch.long, device=src.device)  # (B, 1)
+    tokens = torch.full((B, 1), bos_token_id, dtype=torch.long, device=src.device)
     done = torch.zeros(B, dtype=torch.bool, device=src.device)
     caches = new_caches(model) if use_cache else None
-    for _ in range(max_len):
+    for _ in range(n_new):
         step_in = tokens[:, -1:] if use_cache else tokens  # (B, 1) or (B, t)
-        logits = model.decode(step_in, memory, src_mask, caches=caches)[:, -1]  # (B, V)
-        nxt = logits.argmax(-1).masked_fill(done, PAD_ID)  # finished rows get padding
+        out = model.decode(step_in, memory, memory_mask, caches=caches)  # (B, t, V)
+        logits = out[:, -1]  # (B, V)
+        nxt = logits.argmax(-1).masked_fill(done, pad)  # finished rows get padding
         tokens = torch.cat([tokens, nxt[:, None]], dim=1)  # (B, t + 1)
-        done |= nxt == EOS_ID
+        done |= torch.isin(nxt, stop)
         if done.all():
             break
-    return [_strip(row) for row in tokens.tolist()]
+    stop_set = set(stop.tolist())
+    return [_strip(row, bos_token_id, stop_set, pad) for row in tokens.tolist()]
 
 
 def length_penalty_gnmt(length: Tensor, alpha: float) -> Tensor:
@@ -125,66 +163,80 @@ def length_penalty_gnmt(length: Tensor, alpha: float) -> Tensor:
 def beam_search(
     model,
     src: Tensor,
-    max_len: int | None = None,
+    max_new_tokens: int | None = None,
     *,
     beam_size: int = 4,
     length_penalty: float = 0.6,
-):
+    use_cache: bool = True,
+    bos_token_id: int = BOS_ID,
+    eos_token_id: int | Collection[int] = EOS_ID,
+) -> list[list[int]]:
     """Translate a batch keeping the ``beam_size`` best partial translations.
 
     Each step extends every hypothesis by every token, scores it by its total
     log-probability, and keeps the K best per source; a hypothesis that produced EOS
-    is finished and carries its score unchanged. At the end each finished hypothesis
-    is ranked by log P(Y | X) / lp(Y) (GNMT length penalty, ``alpha = length_penalty``;
-    0 means no penalty, and then short hypotheses are favoured). With ``beam_size=1``
-    this is greedy decoding.
+    is finished and carries its score unchanged. At the end each hypothesis is ranked
+    by log P(Y | X) / lp(Y) (GNMT length penalty, ``alpha = length_penalty``; 0 means
+    no penalty, and then short hypotheses are favoured). With ``beam_size=1`` this is
+    greedy decoding.
+
+    Convention: a finished hypothesis **keeps its slot** in the beam (as chapter 6's
+    inline search), so after the first EOS fewer than K stay live and the length
+    penalty only re-ranks the K that survived on raw log-probability. Hugging Face
+    draws 2K candidates a step and keeps K live ones (HF #16095, ParlAI #2058); with a
+    large ``length_penalty`` it can return a longer translation that this search
+    dropped unfinished (``tests/test_decoding.py`` pins such a case).
 
     Args:
-        model: a ``Transformer``; src: (B, S) ids; max_len: most tokens to generate.
+        model, src, max_new_tokens, use_cache, bos_token_id, eos_token_id: as
+            ``greedy_decode`` (the caches are reordered with the beams).
         beam_size: K >= 1. length_penalty: alpha >= 0.
 
     Returns:
         One list of token ids per source row (the best hypothesis), without BOS/EOS.
 
     Raises:
-        ValueError: for beam_size < 1 or a negative length_penalty.
+        TypeError / ValueError: beam_size not an int >= 1, a negative
+            length_penalty, bad max_new_tokens or eos_token_id.
     """
-    if not isinstance(beam_size, int) or beam_size < 1:
-        raise ValueError(f"beam_size: expected an int >= 1, got {beam_size!r}")
-    if length_penalty < 0:
-        raise ValueError(f"length_penalty: expected alpha >= 0, got {length_penalty}")
+    n_new = _steps(model, max_new_tokens)
+    _validation.positive_int("beam_size", beam_size)
+    _validation.non_negative("length_penalty", length_penalty)
+    stop = _stop_ids(eos_token_id, src.device)
+    pad = model.cfg.pad_id
     B, K = src.shape[0], beam_size
-    memory, src_mask = model.encode(src)  # (B, S, D)
+    memory, memory_mask = model.encode(src)  # (B, S, D)
     memory = memory.repeat_interleave(K, dim=0)  # (B*K, S, D)
-    src_mask = src_mask.repeat_interleave(K, dim=0)  # (B*K, 1, 1, S)
-    max_len = max_len or model.cfg.max_len - 1
+    memory_mask = memory_mask.repeat_interleave(K, dim=0)  # (B*K, 1, 1, S)
     dev = src.device
-    tokens = torch.full((B * K, 1), BOS_ID, dtype=torch.long, device=dev)  # (B*K, 1)
+    tokens = torch.full((B * K, 1), bos_token_id, dtype=torch.long, device=dev)
     scores = torch.zeros(B, K, device=dev)
     scores[:, 1:] = float("-inf")  # all K beams start identical: keep only one
     done = torch.zeros(B * K, dtype=torch.bool, device=dev)
-    caches = new_caches(model)
-    for _ in range(max_len):
-        logits = model.decode(tokens[:, -1:], memory, src_mask, caches=caches)[:, -1]
+    caches = new_caches(model) if use_cache else None
+    for _ in range(n_new):
+        step_in = tokens[:, -1:] if use_cache else tokens  # (B*K, 1) or (B*K, t)
+        logits = model.decode(step_in, memory, memory_mask, caches=caches)[:, -1]
         logp = F.log_softmax(logits.float(), dim=-1)  # (B*K, V)
         V = logp.shape[-1]
-        logp[done] = float("-inf")  # a finished hypothesis only extends with PAD,
-        logp[done, PAD_ID] = 0.0  # at no cost
+        logp[done] = float("-inf")  # a finished hypothesis only extends with padding,
+        logp[done, pad] = 0.0  # at no cost
         cand = (scores.view(B * K, 1) + logp).view(B, K * V)  # (B, K*V)
         scores, flat = cand.topk(K, dim=-1)  # (B, K)
         beam, tok = flat // V, flat % V  # which hypothesis, which token
         rows = (torch.arange(B, device=dev)[:, None] * K + beam).view(-1)  # (B*K,)
         tokens = torch.cat([tokens[rows], tok.view(-1, 1)], dim=1)  # (B*K, t + 1)
-        for cache in caches:
+        for cache in caches or ():
             cache.reorder(rows)
-        done = done[rows] | (tok.view(-1) == EOS_ID)
+        done = done[rows] | torch.isin(tok.view(-1), stop)
         if done.all():
             break
-    length = ((tokens != PAD_ID) & (tokens != BOS_ID)).sum(-1).view(B, K)  # with EOS
+    length = ((tokens != pad) & (tokens != bos_token_id)).sum(-1).view(B, K)  # + EOS
     final = scores / length_penalty_gnmt(length.float(), length_penalty)  # (B, K)
     best = final.argmax(-1)  # (B,)
     rows = (torch.arange(B, device=dev) * K + best).tolist()
-    return [_strip(tokens[r].tolist()) for r in rows]
+    stop_set = set(stop.tolist())
+    return [_strip(tokens[r].tolist(), bos_token_id, stop_set, pad) for r in rows]
 
 
 @in_eval_mode  # eval mode, no gradients; the model's mode is restored
@@ -194,31 +246,36 @@ def generate(
     max_new_tokens: int,
     *,
     attention_mask: Tensor | None = None,
+    use_cache: bool = True,
     temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    eos_id: int | None = None,
+    eos_token_id: int | Collection[int] | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    """Continue a batch of prompts with a ``DecoderOnlyLM``, one token a step, KV-cached.
+    """Continue a batch of prompts with a ``DecoderOnlyLM``, one token a step.
 
-    The prompts go through the model once; each later step feeds only the newest token
-    of every row and reads the earlier ones from the caches. A step divides the logits
-    by ``temperature`` (0 = always the most likely token), keeps the ``top_k`` most
+    The one greedy/sampling loop of the library: chapters, tests and benchmarks call
+    it. The prompts go through the model first; then, with ``use_cache``, each step
+    feeds only the newest token of every row. A step divides the logits by
+    ``temperature`` (0 = always the most likely token), keeps the ``top_k`` most
     likely tokens and/or the smallest set whose probability reaches ``top_p``
     (``filter_logits``), renormalises and draws. Prompts of different lengths are
-    left-padded and marked by ``attention_mask``; each row then generates what its
-    prompt alone would.
+    **left**-padded and marked by ``attention_mask`` (Hugging Face's name and meaning:
+    True = real token); each row then generates what its prompt alone would.
 
     Args:
         model: a ``DecoderOnlyLM``.
         ids: prompts (B, T), T >= 1, left-padded with any id where ``attention_mask``
             is False.
         max_new_tokens: most tokens to add (>= 0).
-        attention_mask: bool (B, T), True = real token (default: all real).
-        temperature: >= 0. top_k: >= 1 or None. top_p: in (0, 1] or None.
-        eos_id: a row that produces it is finished: its later tokens are
-            ``model.cfg.pad_id``; generation stops early when every row is finished.
+        attention_mask: bool (B, T), True = real token (default: all real). Every
+            row's last position must be real: generation continues from it.
+        use_cache: KV caches (True) or the whole sequence every step (False).
+        temperature: >= 0. top_k: an int >= 1 or None. top_p: in (0, 1] or None.
+        eos_token_id: a stop token id or a collection of them: a row that produces
+            any of them is finished and its later tokens are ``model.cfg.pad_id``;
+            generation stops early when every row is finished.
         generator: a seeded ``torch.Generator`` for reproducible draws.
 
     Returns:
@@ -226,30 +283,28 @@ def generate(
 
     Raises:
         ValueError: a negative temperature or max_new_tokens, top_k < 1, top_p outside
-            (0, 1]; as ``DecoderOnlyLM`` for bad ids or mask.
+            (0, 1], an empty ``eos_token_id``, an ``attention_mask`` whose row ends in
+            padding (a right-padded prompt: the model would continue from the pad,
+            Hugging Face transformers PR #19067); as ``DecoderOnlyLM`` for bad ids.
+        TypeError: non-int counts, a non-bool ``attention_mask``.
 
-    Sources: Holtzman et al. 2020 (top-p); Fan et al. 2018 (top-k); Radford et al. 2019.
+    Sources: Holtzman et al. 2020 (top-p); Fan et al. 2018 (top-k); Radford et al. 2019;
+    the loop's shape is Raschka's ``generate_text_simple`` (LLMs from Scratch, ch. 4).
     """
-    if temperature < 0:
-        raise ValueError(f"temperature: expected >= 0, got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k: expected an int >= 1, got {top_k}")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p: expected a probability in (0, 1], got {top_p}")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens: expected >= 0, got {max_new_tokens}")
-    B = ids.shape[0]
-    keep = (
-        torch.ones_like(ids, dtype=torch.bool)
-        if attention_mask is None
-        else attention_mask
-    )
-    done = torch.zeros(B, dtype=torch.bool, device=ids.device)  # rows past their EOS
-    caches = new_caches(model)
-    step_in = ids  # the whole prompts first, then one token a step
+    _validation.positive_int("max_new_tokens", max_new_tokens, 0)
+    _validation.non_negative("temperature", temperature)
+    _sampling_args(top_k, top_p)
+    _validation.integer_tensor("ids", ids)  # the model checks shape and range
+    if attention_mask is not None:  # None: every token real, no mask to build
+        _validation.keep_mask("attention_mask", attention_mask, tuple(ids.shape))
+        _validation.left_padded("attention_mask", attention_mask)
+    stop = _stop_ids(eos_token_id, ids.device)
+    done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)  # finished
+    caches = new_caches(model) if use_cache else None
+    step_in = ids  # the whole prompts first, then (with a cache) one token a step
     for _ in range(max_new_tokens):
-        logits = model(step_in, attention_mask=keep, caches=caches)[:, -1]  # (B, V)
-        logits = logits.float()
+        logits = model(step_in, attention_mask=attention_mask, caches=caches)[:, -1]
+        logits = logits.float()  # (B, V)
         if temperature == 0:
             nxt = logits.argmax(-1)  # (B,)
         else:
@@ -257,13 +312,21 @@ def generate(
             nxt = torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B,)
         nxt = nxt.masked_fill(done, model.cfg.pad_id)  # finished rows get padding
         ids = torch.cat([ids, nxt[:, None]], dim=1)  # (B, T + 1)
-        keep = torch.cat([keep, ~done[:, None]], dim=1)  # padding is no real token
-        if eos_id is not None:
-            done |= nxt == eos_id
+        if attention_mask is not None:  # a finished row's padding is no real token
+            attention_mask = torch.cat([attention_mask, ~done[:, None]], dim=1)
+        if stop is not None:
+            done |= torch.isin(nxt, stop)
         if done.all():
             break
-        step_in = nxt[:, None]  # (B, 1)
+        step_in = nxt[:, None] if use_cache else ids  # (B, 1) or (B, T + 1)
     return ids
+
+
+def _sampling_args(top_k, top_p) -> None:
+    if top_k is not None:
+        _validation.positive_int("top_k", top_k)
+    if top_p is not None:
+        _validation.nucleus_mass("top_p", top_p)
 
 
 def filter_logits(
@@ -281,16 +344,12 @@ def filter_logits(
     token always survives.
 
     Raises:
-        ValueError: for top_k < 1 or top_p outside (0, 1].
+        TypeError: a top_k that is not an int. ValueError: top_k < 1 or top_p outside
+            (0, 1].
 
     Sources: Fan et al. 2018 (top-k); Holtzman et al. 2020, section 3.1 (top-p).
     """
-    if top_k is not None and (
-        isinstance(top_k, bool) or int(top_k) != top_k or top_k < 1
-    ):
-        raise ValueError(f"top_k: expected an int >= 1, got {top_k!r}")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p: expected a probability in (0, 1], got {top_p}")
+    _sampling_args(top_k, top_p)
     # rank by logit, equal logits by index: a stable sort keeps the lower index first
     sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)  # (B, V)
     rank = torch.arange(logits.shape[-1], device=logits.device)  # (V,)

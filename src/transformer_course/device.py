@@ -14,6 +14,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from transformer_course import _validation
+
 ENV_VAR = "TRANSFORMER_COURSE_DEVICE"
 _KNOWN = ("cuda", "mps", "cpu")
 
@@ -122,12 +124,7 @@ def set_cpu_threads(threads: int | None = None) -> CPUThreads:
     """
     cores = cpu_cores()
     if threads is not None:
-        if not isinstance(threads, int) or isinstance(threads, bool):
-            raise TypeError(
-                f"threads: expected an int or None, got {type(threads).__name__}"
-            )
-        if threads < 1:
-            raise ValueError(f"threads: expected >= 1, got {threads}")
+        _validation.positive_int("threads", threads)
         reason = "argument"
     elif os.environ.get("OMP_NUM_THREADS"):
         value = os.environ["OMP_NUM_THREADS"]

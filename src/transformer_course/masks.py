@@ -10,6 +10,19 @@ bool masks (True = ignore); ``from_key_padding_mask`` converts. Masks are combin
 logical and, never by adding large negative floats, which overflows in float16
 (transformers PR #17306).
 
+One name per meaning:
+
+- ``mask``: what attention takes, any shape broadcasting to the scores, True = may
+  attend (``causal_mask``, ``sliding_window_mask``, ``combine_masks``).
+- ``padding_mask``: the (B, 1, 1, S) mask that hides padded keys, True = real key
+  (``padding_mask()``); passed to cross-attention it is the ``memory_mask``
+  (``nn.Transformer``'s name for the mask over the encoder's output).
+- ``attention_mask``: Hugging Face's (B, S) token mask, True = real token
+  (``DecoderOnlyLM``, ``decoding.generate``), which the model turns into a (B, 1, 1, S)
+  padding mask.
+- ``key_padding_mask``: only where PyTorch's (B, S), True = *ignore*, is mirrored
+  (``from_key_padding_mask``).
+
 Sources: Vaswani et al. 2017, "Attention Is All You Need", section 3.2.3 (causal mask);
 Beltagy et al. 2020 (Longformer) and Jiang et al. 2023 (Mistral) for sliding windows.
 """
@@ -18,14 +31,9 @@ from __future__ import annotations
 
 import torch
 
+from transformer_course import _validation
+
 Tensor = torch.Tensor
-
-
-def _check_length(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name}: expected a length >= 1, got {value}")
 
 
 def _offsets(q_len: int, k_len: int, device) -> Tensor:
@@ -58,8 +66,8 @@ def causal_mask(q_len: int, k_len: int | None = None, *, device=None) -> Tensor:
     Source: Vaswani et al. 2017, section 3.2.3.
     """
     k_len = q_len if k_len is None else k_len
-    _check_length("q_len", q_len)
-    _check_length("k_len", k_len)
+    _validation.positive_int("q_len", q_len)
+    _validation.positive_int("k_len", k_len)
     return _offsets(q_len, k_len, device) <= 0
 
 
@@ -85,9 +93,9 @@ def sliding_window_mask(
     Source: Beltagy et al. 2020 (Longformer), section 3.1; Jiang et al. 2023 (Mistral 7B).
     """
     k_len = q_len if k_len is None else k_len
-    _check_length("q_len", q_len)
-    _check_length("k_len", k_len)
-    _check_length("window", window)
+    _validation.positive_int("q_len", q_len)
+    _validation.positive_int("k_len", k_len)
+    _validation.positive_int("window", window)
     offset = _offsets(q_len, k_len, device)
     return (offset <= 0) & (offset > -window)
 
@@ -117,14 +125,7 @@ def padding_mask(
         ValueError: if it is not 1-D or 2-D, or a length is negative or above ``max_len``.
     """
     x = tokens_or_lengths
-    if not isinstance(x, Tensor):
-        raise TypeError(
-            f"tokens_or_lengths: expected a torch.Tensor, got {type(x).__name__}"
-        )
-    if x.dtype.is_floating_point or x.dtype == torch.bool or x.is_complex():
-        raise TypeError(
-            f"tokens_or_lengths: expected an integer tensor, got dtype {x.dtype}"
-        )
+    _validation.integer_tensor("tokens_or_lengths", x)
     if x.dim() == 2:
         keep = x != pad_id  # (B, S)
     elif x.dim() == 1:
@@ -140,20 +141,6 @@ def padding_mask(
             f"got shape {tuple(x.shape)}"
         )
     return keep[:, None, None, :]  # (B, 1, 1, S)
-
-
-def _check_bool(name: str, mask) -> None:
-    if not isinstance(mask, Tensor):
-        raise TypeError(
-            f"{name}: expected a bool torch.Tensor, got {type(mask).__name__}"
-        )
-    if mask.dtype != torch.bool:
-        raise TypeError(
-            f"{name}: expected a bool mask (True = may attend), got dtype {mask.dtype}. "
-            "Additive float masks (0 / -inf) are not accepted: mixing them with bool "
-            "masks is how masks get silently dropped (pitfall P4). Convert with "
-            "`mask = float_mask == 0`."
-        )
 
 
 def combine_masks(*masks: Tensor | None) -> Tensor | None:
@@ -175,7 +162,7 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
     """
     present = [m for m in masks if m is not None]
     for idx, m in enumerate(present):
-        _check_bool(f"masks[{idx}]", m)
+        _validation.bool_tensor(f"masks[{idx}]", m)
     if not present:
         return None
     try:
@@ -206,7 +193,7 @@ def from_key_padding_mask(key_padding_mask: Tensor) -> Tensor:
     Pitfall P3: the two conventions are opposite; passing one where the other is
     expected lets every query see the future.
     """
-    _check_bool("key_padding_mask", key_padding_mask)
+    _validation.bool_tensor("key_padding_mask", key_padding_mask)
     if key_padding_mask.dim() != 2:
         raise ValueError(
             "key_padding_mask: expected shape (B, S), "

@@ -1,5 +1,6 @@
 """Measuring speed and memory: one timer that waits for the GPU, the peak bytes of
-tensors alive at once, and the size of a KV cache.
+tensors alive at once, the size of a KV cache and of saved weights, and a recorder of
+every forward call (the steps of ``generate``).
 
 Used in chapters 1 (additive vs dot-product attention) and 7 (making attention fast),
 and by ``benchmarks/`` and ``tools/gpu_check.py``.
@@ -11,10 +12,14 @@ after each call.
 
 from __future__ import annotations
 
+import io
 import time
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
+from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -64,6 +69,36 @@ def best_time(fn, device=None, repeat: int = 5, *, warmup: int = 1) -> float:
             _synchronize(device)
             best = min(best, time.perf_counter() - start)
     return best
+
+
+@contextmanager
+def record_forward(model: nn.Module) -> Iterator[list[tuple[float, Tensor]]]:
+    """``with record_forward(model) as steps:`` appends ``(seconds, logits)`` for every
+    call of ``model`` inside the block: the seconds since the block began (the device
+    synchronised first) and the output's last position, (B, V) for an LM.
+
+    Wraps ``decoding.generate`` to see each step without writing the loop again: the
+    next-token logits of every step and the time to the n-th token (chapter 7).
+    """
+    steps: list[tuple[float, Tensor]] = []
+    start = time.perf_counter()
+
+    def hook(module, args, out):
+        _synchronize(out.device)
+        steps.append((time.perf_counter() - start, out[:, -1].detach()))
+
+    handle = model.register_forward_hook(hook)
+    try:
+        yield steps
+    finally:
+        handle.remove()
+
+
+def state_dict_bytes(model: nn.Module) -> int:
+    """Bytes of ``torch.save(model.state_dict())``: what the weights take on disk."""
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    return buffer.getbuffer().nbytes
 
 
 def kv_cache_bytes_per_token(

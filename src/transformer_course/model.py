@@ -97,7 +97,7 @@ class Embedding(nn.Module):
         if cfg.positional == "sinusoidal":
             self.positions = SinusoidalPositionalEncoding(cfg.d_model, cfg.max_len)
         elif cfg.positional == "learned":
-            self.positions = LearnedPositionalEmbedding(cfg.max_len, cfg.d_model)
+            self.positions = LearnedPositionalEmbedding(cfg.d_model, cfg.max_len)
 
     def forward(self, ids: Tensor, positions: Tensor) -> Tensor:
         x = self.tokens(ids) * self.scale  # (B, L, D)

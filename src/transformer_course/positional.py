@@ -173,6 +173,8 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     def __init__(self, d_model: int, max_len: int = 4096, *, dropout: float = 0.0):
         super().__init__()
+        _validation.positive_int("d_model", d_model)
+        _validation.positive_int("max_len", max_len)
         self.d_model, self.max_len = d_model, max_len
         self.register_buffer(
             "pe", sinusoidal_encoding(max_len, d_model), persistent=False
@@ -190,17 +192,22 @@ class LearnedPositionalEmbedding(nn.Module):
     learned positions do not extrapolate to longer inputs (chapter 4's experiment).
 
     Args:
-        max_len: number of positions with a vector.
         d_model: embedding size D.
+        max_len: number of positions with a vector.
         dropout: dropout on the sum.
 
-    ``forward(x, positions=None)`` as ``SinusoidalPositionalEncoding``.
+    The arguments come in the order of ``SinusoidalPositionalEncoding``'s (the
+    positional classes all take ``(d_model, max_len)``); ``forward(x, positions=None)``
+    as ``SinusoidalPositionalEncoding``. Raises TypeError / ValueError for a size that
+    is not an int >= 1.
 
     Source: Gehring et al. 2017, section 3.1; Devlin et al. 2019 (BERT).
     """
 
-    def __init__(self, max_len: int, d_model: int, *, dropout: float = 0.0):
+    def __init__(self, d_model: int, max_len: int = 4096, *, dropout: float = 0.0):
         super().__init__()
+        _validation.positive_int("d_model", d_model)
+        _validation.positive_int("max_len", max_len)
         self.d_model, self.max_len = d_model, max_len
         self.embedding = nn.Embedding(max_len, d_model)
         self.dropout = nn.Dropout(dropout)

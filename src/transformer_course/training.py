@@ -12,6 +12,8 @@ V vocabulary.
   bar, and a ``History`` of losses, learning rates and gradient norms. A step whose
   loss or gradient is not finite is never applied (as PyTorch's ``GradScaler`` skips
   such steps), and evaluation runs in eval mode.
+- ``lm_loss``, ``next_token_windows``, ``train_lm``: next-token prediction for a
+  decoder-only LM (chapter 7's Shakespeare model, ``benchmarks/run.py``).
 - ``evaluating`` / ``in_eval_mode``: run a block or a function in eval mode without
   gradients, then give every submodule back the mode it had.
 """
@@ -26,11 +28,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from transformer_course import _validation
 from transformer_course.data import PAD_ID
-from transformer_course.viz.interactive import static_mode
 
 Tensor = torch.Tensor
 
@@ -42,12 +45,10 @@ def noam_lr(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
     step = warmup, is factor / sqrt(d_model * warmup). ``step`` counts from 1.
 
     Raises:
-        ValueError: for step < 1 or warmup < 1.
+        TypeError / ValueError: step or warmup not an int >= 1.
     """
-    if step < 1 or warmup < 1:
-        raise ValueError(
-            f"step, warmup: expected >= 1, got step={step}, warmup={warmup}"
-        )
+    _validation.positive_int("step", step)
+    _validation.positive_int("warmup", warmup)
     return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
@@ -109,6 +110,14 @@ def in_eval_mode(fn: Callable) -> Callable:
             return fn(model, *args, **kwargs)
 
     return wrapper
+
+
+def _static_mode() -> bool:
+    """``viz.static_mode()``, imported when a bar is to be shown: importing ``viz``
+    loads matplotlib and IPython, which the core modules never do at import."""
+    from transformer_course.viz.interactive import static_mode
+
+    return static_mode()
 
 
 @dataclass
@@ -203,7 +212,7 @@ def fit(
     bar = tqdm(
         total=max_steps,
         desc=desc,
-        disable=not progress or static_mode(),
+        disable=not progress or _static_mode(),
         mininterval=1.0,
     )
 
@@ -256,3 +265,81 @@ def fit(
         evaluate()
     model.eval()
     return hist
+
+
+def lm_loss(model, x: Tensor, y: Tensor) -> Tensor:
+    """Next-token cross-entropy of a decoder-only LM, in nats per token.
+
+    Shapes: x (B, L) ids, y (B, L) the id after each of them; returns a scalar. The
+    logits are cast to float32 first (a bfloat16 model scores like a float32 one).
+    """
+    logits = model(x)  # (B, L, V)
+    return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+
+
+def next_token_windows(ids: Tensor, block: int) -> tuple[Tensor, Tensor]:
+    """Cut a 1-D id sequence into non-overlapping windows and their next tokens.
+
+    Shapes: ids (N,) -> (x, y), each (W, block) with W = (N - 1) // block; y is x
+    shifted by one token. Raises ValueError when ids holds no whole window.
+    """
+    _validation.positive_int("block", block)
+    n = (len(ids) - 1) // block
+    if ids.dim() != 1 or n < 1:
+        raise ValueError(
+            f"ids: expected a 1-D sequence of more than block = {block} ids, got "
+            f"shape {tuple(ids.shape)}"
+        )
+    used = ids[: n * block + 1]
+    return used[:-1].view(n, block), used[1:].view(n, block)  # (W, block) each
+
+
+def train_lm(
+    model: nn.Module,
+    ids: Tensor,
+    *,
+    steps: int,
+    batch_size: int,
+    block: int,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> History:
+    """Train a decoder-only LM on random windows of one long id sequence.
+
+    Each step draws ``batch_size`` windows of ``block + 1`` ids at random starts (a
+    ``torch.Generator`` seeded with ``seed``, on the CPU) and takes one AdamW step on
+    ``lm_loss`` through ``fit`` (no clipping, no progress bar). Used by chapter 7 and
+    ``benchmarks/run.py``.
+
+    Shapes: ids (N,) on the model's device, N > block + 1.
+
+    Returns:
+        ``fit``'s ``History`` (``loss[-1]`` is the last step's loss); the model is
+        left in eval mode.
+
+    Raises:
+        TypeError / ValueError: steps, batch_size or block not an int >= 1, or ids
+            too short for one window.
+    """
+    _validation.positive_int("batch_size", batch_size)
+    next_token_windows(ids, block + 1)  # checks block and that one window fits
+    generator = torch.Generator().manual_seed(seed)
+
+    def windows():
+        while True:
+            starts = torch.randint(
+                0, len(ids) - block - 1, (batch_size,), generator=generator
+            )
+            batch = torch.stack([ids[s : s + block + 1] for s in starts.tolist()])
+            yield batch[:, :-1], batch[:, 1:]  # (B, block) inputs and next ids
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    return fit(
+        model,
+        windows,
+        lm_loss,
+        optimizer,
+        max_steps=steps,
+        clip_norm=None,
+        progress=False,
+    )
