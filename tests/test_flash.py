@@ -295,3 +295,23 @@ def test_backward_stores_no_t_by_t_matrix():
     # tile for the backward: 2.9 x here, and 436,320 bytes at T = 256 (> n2 / 8)
     assert t2 / t1 < 2.5
     assert t2 < n2 / 8
+
+
+def test_backward_animation_plays_every_tile_and_rejects_bad_history():
+    from transformer_course.viz.animations import flash_backward_animation
+
+    history = [  # a causal 8 x 8 grid of 4 x 4 tiles: 3 of its 4 tiles computed
+        (i, j, torch.randn(8, 2), torch.randn(8, 2))
+        for j in range(2)
+        for i in range(2)
+        if j <= i
+    ]
+    html = flash_backward_animation(history, 4).data
+    assert html.count("frames[") >= 3 and "frames[3]" not in html
+    assert "Animation in 3 frames" in html and "8 by 8 grid" in html
+    with pytest.raises(ValueError, match="history"):
+        flash_backward_animation([], 4)
+    with pytest.raises(ValueError, match="block"):
+        flash_backward_animation(history, 0)
+    with pytest.raises(ValueError, match=r"dq \(T, d\)"):
+        flash_backward_animation([(0, 0, torch.randn(8), torch.randn(8, 2))], 4)
