@@ -187,9 +187,8 @@ def tiled_forward(q, k, v, mask, bias, tiles: Tiles) -> tuple[Tensor, Tensor]:
         has_key = l > 0  # a query with no visible key keeps l = 0 and gets zeros
         outs.append(torch.where(has_key, acc / torch.where(has_key, l, 1.0), 0.0))
         lses.append(torch.where(has_key, m + torch.log(l), float("inf")))
-    return torch.cat(outs, dim=-2), torch.cat(
-        lses, dim=-2
-    )  # (..., T, d_v), (..., T, 1)
+    out, lse = torch.cat(outs, dim=-2), torch.cat(lses, dim=-2)
+    return out, lse  # (..., T, d_v), (..., T, 1)
 
 
 def tiled_backward(d_out, q, k, v, out, lse, mask, bias, tiles: Tiles, bias_grad=False):
