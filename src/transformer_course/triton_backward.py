@@ -32,7 +32,10 @@ import triton.language as tl
 
 
 @triton.jit
-def _tile_grads(q, k, v, do, lse, delta, m, n, key_ok, scale, T, S, CAUSAL, PREC):
+def _tile_grads(
+    q, k, v, do, lse, delta, m, n, key_ok, scale, T, S,
+    CAUSAL: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
     """P and dS of one (BLOCK_M, BLOCK_N) tile, recomputed from L and D."""
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale  # (BM, BN)
     keep = key_ok[None, :] & (m[:, None] < T)
