@@ -172,9 +172,9 @@ def flash_attention(
 
     Returns:
         Output (B, H, T, d) in the dtype of ``q``. Accumulation is in float32; queries
-        with no visible key get zeros, and zero gradients. Under ``TRITON_INTERPRET=1``, bfloat16 inputs
-        are computed in float32 (the interpreter's ``tl.dot`` has no bfloat16) and the
-        output rounded to bfloat16.
+        with no visible key get zeros, and zero gradients. Under
+        ``TRITON_INTERPRET=1``, bfloat16 inputs are computed in float32 (the
+        interpreter's ``tl.dot`` has no bfloat16) and the output rounded to bfloat16.
 
     Raises:
         RuntimeError: if Triton is missing or cannot run on this device (no GPU and
