@@ -2,6 +2,7 @@
 
     python benchmarks/run.py            # full run (minutes on a laptop CPU)
     python benchmarks/run.py --smoke    # tiny sizes, seconds; what the tests run
+    python benchmarks/run.py --only flash-backward   # that section alone, merged in
 
 Writes ``results.json`` and ``results.md`` (into ``--out``, default this folder) with
 the machine it ran on and these ratios:
@@ -21,7 +22,10 @@ the machine it ran on and these ratios:
   cache (time, identical tokens), KV cache bytes per token for multi-head,
   grouped-query and multi-query attention;
 - int8: model size, CPU time and validation loss, by hand and with torchao, each
-  against float32.
+  against float32;
+- flash-backward (issue 29): training through tiled attention, forward + backward:
+  peak extra memory tiled / naive at T = 8192 and time tiled / SDPA for T = 1024 to
+  8192 on one thread (with a torch.profiler breakdown where it misses 3x).
 
 Numbers depend on the machine; the ratios are what to compare. Nothing here is a test
 of speed: the smoke run only checks that every measurement runs and is written.
@@ -86,6 +90,8 @@ def machine(device: torch.device) -> dict:
 TIMING_THREADS = 1
 ALL_CORES = os.cpu_count() or 1
 ATTN_SHAPE = (1, 2)  # (batch, heads): naive at T = 8192 holds 2 x 8192^2 float32
+FLASH_BACKWARD_TIME_GOAL = 3.0  # tiled / SDPA, forward + backward, one thread
+FLASH_BACKWARD_MEMORY_GOAL = 0.05  # tiled / naive, forward + backward, T = 8192
 TILES = [
     (64, 64),
     (128, 128),
@@ -193,12 +199,13 @@ def bench_attention(lengths, device, block_q, block_k, repeat=3) -> list[dict]:
 
 
 def profile_tiled(
-    t, device, block_q, block_k, runs=3, n_threads=TIMING_THREADS
+    t, device, block_q, block_k, runs=3, n_threads=TIMING_THREADS, backward=False
 ) -> dict:
     """Where tiled attention's time goes: torch.profiler's self time of each aten
     operator, summed by kind, and the rest of the wall time (the Python loop, the
     dispatcher, the profiler's own bookkeeping). The run with the least wall time
-    of ``runs`` is kept (other processes only ever add time)."""
+    of ``runs`` is kept (other processes only ever add time). ``backward``: profile
+    forward + backward, against SDPA's forward + backward."""
     from torch.profiler import ProfilerActivity, profile
 
     from transformer_course.flash import tiled_attention
@@ -224,9 +231,15 @@ def profile_tiled(
     }
     q, k, v = attention_inputs(t, device)
     fn = partial(tiled_attention, q, k, v, block_q=block_q, block_k=block_k)
+    sdpa = partial(F.scaled_dot_product_attention, q, k, v)
+    if backward:
+        q, k, v = (x.requires_grad_() for x in (q, k, v))
+        tiled = partial(tiled_attention, block_q=block_q, block_k=block_k)
+        fn = partial(forward_backward, lambda *x: tiled(*x)[0], q, k, v)
+        sdpa = partial(forward_backward, F.scaled_dot_product_attention, q, k, v)
     best = None
     with threads(n_threads) as n_used, torch.no_grad():
-        sdpa_s = best_time(partial(F.scaled_dot_product_attention, q, k, v), device, 3)
+        sdpa_s = best_time(sdpa, device, 3)
         fn()
         for _ in range(runs):
             with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -263,6 +276,74 @@ def profile_tiled(
         "parts": rows,
     }
     print("profile:", out)
+    return out
+
+
+def forward_backward(fn, q, k, v):
+    """One training step's attention: ``fn(q, k, v)`` and the gradients of its sum
+    with respect to q, k and v (gradients enabled even under ``best_time``'s
+    no_grad)."""
+    with torch.enable_grad():
+        return torch.autograd.grad(fn(q, k, v).sum(), (q, k, v))
+
+
+def bench_flash_backward(lengths, device, memory_t=8192, repeat=3) -> dict:
+    """Training through tiled attention (issue 29): peak extra memory of forward +
+    backward, tiled / naive, at ``memory_t``; forward + backward time, tiled / SDPA,
+    at each of ``lengths`` on one thread, side by side. The library's default tiles
+    (256 x 256), which ``backend="tiled"`` trains with. If a length misses the time
+    goal (3x), a torch.profiler breakdown of the worst one says where the time goes.
+    """
+    from transformer_course.attention import scaled_dot_product_attention
+    from transformer_course.flash import tiled_attention
+    from transformer_course.measure import peak_tensor_bytes
+
+    fns = {
+        "naive": lambda q, k, v: scaled_dot_product_attention(q, k, v)[0],
+        "tiled": lambda q, k, v: tiled_attention(q, k, v)[0],
+        "sdpa": F.scaled_dot_product_attention,
+    }
+
+    def inputs(t):
+        return tuple(x.requires_grad_() for x in attention_inputs(t, device))
+
+    q, k, v = inputs(memory_t)
+    memory = {
+        "T": memory_t,
+        **{
+            f"{name}_bytes": peak_tensor_bytes(
+                partial(forward_backward, fn, q, k, v), device
+            )
+            for name, fn in fns.items()
+        },
+    }
+    memory["tiled/naive memory"] = memory["tiled_bytes"] / memory["naive_bytes"]
+    memory["sdpa/naive memory"] = memory["sdpa_bytes"] / memory["naive_bytes"]
+    print("flash-backward memory:", memory)
+    rows = []
+    for t in lengths:
+        q, k, v = inputs(t)
+        pair = {
+            n: partial(forward_backward, fns[n], q, k, v) for n in ("tiled", "sdpa")
+        }
+        with threads(TIMING_THREADS) as n_used:
+            best = side_by_side(pair, device, repeat)
+        rows.append(
+            {
+                "T": t,
+                "threads": n_used,
+                "tiled_s": best["tiled"],
+                "sdpa_s": best["sdpa"],
+                "tiled/sdpa time": best["tiled"] / best["sdpa"],
+            }
+        )
+        print("flash-backward time:", rows[-1])
+    out = {"shape": ATTN_SHAPE, "memory": memory, "time": rows}
+    worst = max(rows, key=lambda r: r["tiled/sdpa time"])
+    if worst["tiled/sdpa time"] > FLASH_BACKWARD_TIME_GOAL:
+        out["profile"] = profile_tiled(
+            worst["T"], device, 256, 256, runs=1 if repeat == 1 else 2, backward=True
+        )
     return out
 
 
@@ -588,12 +669,20 @@ def load_average() -> str:
 
 
 def goals(results: dict) -> list[dict]:
-    """The goals of issue 14 that this script measures, against the numbers now."""
+    """The goals of issues 14 and 29 that this script measures, against the numbers
+    now (the rows of the sections that ``results`` holds)."""
+    rows = (
+        flash_backward_goals(results["flash_backward"])
+        if "flash_backward" in results
+        else []
+    )
+    if "attention" not in results:  # a run of --only flash-backward alone
+        return rows
     att = [r for r in results["attention"] if r["T"] >= 1024] or results["attention"]
     worst = max(att, key=lambda r: r["tiled/sdpa time"])
     worst_all = max(att, key=lambda r: r["tiled/sdpa time, all cores"])
     top = max(results["attention"], key=lambda r: r["T"])
-    rows = [
+    rows[:0] = [
         {
             "measure": f"tiled/sdpa time, worst T >= 1024, threads = {TIMING_THREADS}",
             "now": f"{worst['tiled/sdpa time']:.2f} (T = {worst['T']})",
@@ -640,6 +729,62 @@ def goals(results: dict) -> list[dict]:
     return rows
 
 
+def flash_backward_goals(fb: dict) -> list[dict]:
+    """Issue 29's rows: memory and time of forward + backward through tiled attention."""
+    mem = fb["memory"]
+    rows = [r for r in fb["time"] if r["T"] >= 1024] or fb["time"]
+    worst = max(rows, key=lambda r: r["tiled/sdpa time"])
+    return [
+        {
+            "measure": "flash-backward: tiled/naive peak extra memory of forward + "
+            f"backward, T = {mem['T']}",
+            "now": f"{mem['tiled/naive memory']:.4f}",
+            "goal": f"<= {FLASH_BACKWARD_MEMORY_GOAL} at T = 8192",
+            "met?": mem["T"] >= 8192
+            and mem["tiled/naive memory"] <= FLASH_BACKWARD_MEMORY_GOAL,
+        },
+        {
+            "measure": "flash-backward: tiled/sdpa time of forward + backward, worst "
+            f"T >= 1024, threads = {worst['threads']}",
+            "now": f"{worst['tiled/sdpa time']:.2f} (T = {worst['T']})",
+            "goal": f"<= {FLASH_BACKWARD_TIME_GOAL} (else the profile says why)",
+            "met?": worst["tiled/sdpa time"] <= FLASH_BACKWARD_TIME_GOAL,
+        },
+    ]
+
+
+def flash_backward_text(fb: dict) -> list[str]:
+    """The report's section on training through tiled attention."""
+    mem = fb["memory"]
+    parts = [
+        "## Flash-backward: training through tiled attention",
+        "",
+        (
+            f"Run: `{fb['command']}`, load average (1, 5, 15 min) at the end: "
+            f"{fb['load']}. Shape (batch, heads) = {tuple(fb['shape'])}, "
+            "d_k = 64, float32, the library's default tiles (256 x 256). "
+            "Forward + backward: the output, then the gradients of its sum with "
+            "respect to q, k and v. Peak extra memory (tensors alive at once, "
+            f"counted as in the attention table) at T = {mem['T']}:"
+        ),
+        "",
+        table([mem]),
+        "",
+        "Time of forward + backward, measured side by side, best of several repeats:",
+        "",
+        table(fb["time"]),
+        "",
+    ]
+    if "profile" in fb:
+        parts += [
+            "Where the time goes at the worst length (forward + backward):",
+            "",
+            *profile_text(fb["profile"]),
+            "",
+        ]
+    return parts
+
+
 def profile_text(prof: dict) -> list[str]:
     parts = {r["part"]: r["s"] for r in prof["parts"]}
     sdpa = prof["sdpa_s"]
@@ -658,7 +803,7 @@ def profile_text(prof: dict) -> list[str]:
         table(prof["parts"]),
         "",
         (
-            f"Conclusion (computed from the rows above): the two matmuls alone take "
+            f"Conclusion (computed from the rows above): the matmuls alone take "
             f"{matmul / sdpa:.2f} x SDPA's whole call, the softmax steps done as "
             f"separate operators (exp, max, sum, rescaling, copies) "
             f"{softmax_ops / sdpa:.2f} x, and the time outside operators (Python "
@@ -798,26 +943,61 @@ def write_markdown(results: dict, path: Path) -> None:
     parts += [table(int8), ""]
     if "torchao error" in results["int8"]:
         parts += [f"torchao failed here: {results['int8']['torchao error']}", ""]
+    parts += flash_backward_text(results["flash_backward"])
     parts += kept_translation_sections(path)
     parts += ["## Goals", "", table(results["goals"]), ""]
     path.write_text("\n".join(parts))
+
+
+def run_flash_backward(device, smoke: bool, command: str) -> dict:
+    out = bench_flash_backward(
+        [64, 128] if smoke else [1024, 2048, 4096, 8192],
+        device,
+        memory_t=256 if smoke else 8192,
+        repeat=1 if smoke else 3,
+    )
+    return {"command": command, "load": load_average(), **out}
+
+
+def only_flash_backward(args, device, command: str) -> int:
+    """``--only flash-backward``: measure it and merge it into ``--out``'s reports
+    (the other sections stay as the last full run wrote them)."""
+    path = args.out / "results.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results["flash_backward"] = run_flash_backward(device, args.smoke, command)
+    results["flash_backward"]["machine"] = machine(device)
+    results["goals"] = goals(results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2))
+    md = args.out / "results.md"
+    if "attention" in results:  # a full run's results: rewrite the whole report
+        write_markdown(results, md)
+    else:
+        fb = flash_backward_text(results["flash_backward"])
+        md.write_text("\n".join([*fb, "## Goals", "", table(results["goals"]), ""]))
+    print(f"wrote {md} and {path}")
+    return 0
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds")
     parser.add_argument("--out", type=Path, default=HERE, help="folder for the reports")
+    parser.add_argument(
+        "--only",
+        choices=["flash-backward"],
+        help="run this measurement alone and merge it into the reports in --out",
+    )
     args = parser.parse_args(argv)
     from transformer_course.device import get_device
 
     device = get_device()
     start = time.perf_counter()
     smoke = args.smoke
-    results = {
-        "command": "python benchmarks/run.py" + (" --smoke" if smoke else ""),
-        "smoke": smoke,
-        "machine": machine(device),
-    }
+    command = "python benchmarks/run.py" + (" --smoke" if smoke else "")
+    if args.only:
+        return only_flash_backward(args, device, f"{command} --only {args.only}")
+    results = {"command": command, "smoke": smoke, "machine": machine(device)}
     lengths = [64, 128] if smoke else [256, 512, 1024, 2048, 4096, 8192]
     sweep_t = 128 if smoke else 2048
     results["tile_sweep"] = bench_tile_sweep(
@@ -871,6 +1051,7 @@ def main(argv=None) -> int:
     results["kv_cache"] = bench_kv_cache(model, tok, gen_lengths, device)
     results["kv_bytes"] = kv_bytes_table(model.cfg, [model.cfg.n_heads, 2, 1])
     results["int8"] = bench_int8(model, x_val, y_val, repeat=1 if smoke else 5)
+    results["flash_backward"] = run_flash_backward(device, smoke, command)
     results["seconds"] = time.perf_counter() - start
     results["load"] = load_average()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -51,13 +51,54 @@ def test_smoke_run_writes_reports(bench, tmp_path):
     int8 = results["int8"]
     assert 0.2 < int8["int8 by hand"]["size/float32"] < 0.6
     assert "torchao int8 weight-only" in int8 or "torchao error" in int8
+    fb = results["flash_backward"]
+    assert 0 < fb["memory"]["tiled/naive memory"] < 1  # the check can fail: 1 = naive
+    assert [r["T"] for r in fb["time"]] == [64, 128]
+    assert all(r["tiled/sdpa time"] > 0 for r in fb["time"])
     text = (tmp_path / "results.md").read_text()
     for heading in ("## Machine", "## KV cache", "## Int8", "tiled/naive memory"):
         assert heading in text
+    assert "## Flash-backward: training through tiled attention" in text
     assert "## Translation: seeds\n\nkept row" in text and "\nold\n" not in text
     goals = text[text.index("## Goals") :]
     assert goals.count("\n## ") == 0 and "| measure | now | goal | met? |" in goals
     assert "chapter 6 held-out exact match, mean over 3 seeds" in goals
+    assert "flash-backward: tiled/naive peak extra memory" in goals
+    assert "flash-backward: tiled/sdpa time of forward + backward" in goals
+
+
+def test_only_flash_backward_merges_into_the_reports(bench, tmp_path):
+    """``--only flash-backward`` runs that section alone: into an empty folder it
+    writes the section and its goals; the other sections of results.json stay."""
+    (tmp_path / "results.json").write_text(json.dumps({"translation": {"kept": 1}}))
+    assert (
+        bench.main(["--smoke", "--only", "flash-backward", "--out", str(tmp_path)]) == 0
+    )
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["translation"] == {"kept": 1}
+    fb = results["flash_backward"]
+    assert fb["command"] == "python benchmarks/run.py --smoke --only flash-backward"
+    assert fb["memory"]["T"] == 256 and fb["memory"]["naive_bytes"] > 0
+    assert [g["measure"][:15] for g in results["goals"]] == ["flash-backward:"] * 2
+    text = (tmp_path / "results.md").read_text()
+    assert text.startswith("## Flash-backward") and "## Goals" in text
+
+
+def test_flash_backward_goals_met_only_within_both_limits(bench):
+    def goals(memory_ratio, memory_t, time_ratio):
+        fb = {
+            "memory": {"T": memory_t, "tiled/naive memory": memory_ratio},
+            "time": [
+                {"T": 512, "threads": 1, "tiled/sdpa time": 9.0},  # T < 1024: ignored
+                {"T": 1024, "threads": 1, "tiled/sdpa time": 1.0},
+                {"T": 8192, "threads": 1, "tiled/sdpa time": time_ratio},
+            ],
+        }
+        return [g["met?"] for g in bench.flash_backward_goals(fb)]
+
+    assert goals(0.01, 8192, 2.5) == [True, True]
+    assert goals(0.06, 8192, 3.5) == [False, False]
+    assert goals(0.01, 4096, 2.5) == [False, True]  # memory must be at T = 8192
 
 
 def test_translation_goal_needs_the_mean_and_the_time(bench):

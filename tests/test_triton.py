@@ -117,3 +117,61 @@ def test_kernel_promised_dtype_within_its_rounding(dtype, causal):
     if dtype != torch.float32:
         coarse = (ref * 4).round() / 4
         assert (coarse - ref).abs().max().item() > TOLERANCE[dtype]
+
+
+# ------------------------------------------- the backward kernels (issue 29)
+
+
+def naive_grads(q, k, v, d_out, causal, key_mask):
+    qf, kf, vf = (x.detach().float().requires_grad_() for x in (q, k, v))
+    return torch.autograd.grad(
+        reference(qf, kf, vf, causal, key_mask), (qf, kf, vf), d_out.float()
+    )
+
+
+@param("t, s, d, causal", [(33, 50, 24, False), (33, 50, 24, True), (50, 33, 16, True)])
+def test_backward_kernels_match_naive_gradients_float32(t, s, d, causal):
+    q, k, v = (
+        torch.randn(2, 2, n, d, device=DEVICE, requires_grad=True) for n in (t, s, s)
+    )
+    d_out = torch.randn(2, 2, t, d, device=DEVICE)
+    key_mask = torch.ones(2, s, dtype=torch.bool, device=DEVICE)
+    key_mask[1, s // 2 :] = False  # item 1: padding keys
+    out = triton_kernels.flash_attention(
+        q, k, v, causal=causal, key_mask=key_mask, block_m=16, block_n=16
+    )
+    grads = torch.autograd.grad(out, (q, k, v), d_out)
+    ref = naive_grads(q, k, v, d_out, causal, key_mask)
+    for name, a, b in zip("qkv", grads, ref):
+        assert (a - b).abs().max().item() < 1e-5, f"d{name}"
+    # the check can fail: the gradients of attention without the padding mask
+    out = triton_kernels.flash_attention(q, k, v, causal=causal, block_m=16, block_n=16)
+    unmasked = torch.autograd.grad(out, (q, k, v), d_out)
+    assert (unmasked[1] - ref[1]).abs().max().item() > 1e-3
+
+
+def test_backward_kernels_give_zero_gradients_for_rows_without_keys():
+    q, k, v = (
+        torch.randn(2, 1, 20, 16, device=DEVICE, requires_grad=True) for _ in range(3)
+    )
+    key_mask = torch.ones(2, 20, dtype=torch.bool, device=DEVICE)
+    key_mask[1] = False  # item 1: every key is padding
+    out = triton_kernels.flash_attention(q, k, v, key_mask=key_mask, block_m=16)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    for g in (dq, dk, dv):
+        assert torch.isfinite(g).all() and not g[1].any()
+    assert dq[0].abs().sum() > 0 and dv[0].abs().sum() > 0
+
+
+def test_backward_kernels_float16_within_its_rounding():
+    q, k, v = (
+        torch.randn(1, 2, 32, 16, device=DEVICE).half().requires_grad_()
+        for _ in range(3)
+    )
+    d_out = torch.randn(1, 2, 32, 16, device=DEVICE).half()
+    out = triton_kernels.flash_attention(q, k, v, causal=True, block_m=16, block_n=16)
+    grads = torch.autograd.grad(out, (q, k, v), d_out)
+    ref = naive_grads(q, k, v, d_out, True, None)  # float32
+    for a, b in zip(grads, ref):
+        assert a.dtype == torch.float16
+        assert (a.float() - b).abs().max().item() < 2e-2

@@ -1,4 +1,5 @@
-"""The FlashAttention forward pass as a Triton kernel.
+"""The FlashAttention forward pass as a Triton kernel, differentiable through the
+backward kernels of ``triton_backward.py``.
 
 Derived in chapter 7 ("Making attention fast"), after ``flash.tiled_attention``,
 which does the same computation in PyTorch. Each Triton program owns one block of
@@ -24,12 +25,14 @@ import importlib.util
 import math
 import os
 import sys
+from typing import NamedTuple
 
 import torch
+from torch.autograd.function import once_differentiable
 
 Tensor = torch.Tensor
 
-_KERNELS: dict[bool, object] = {}
+_KERNELS: dict[tuple[bool, bool], object] = {}  # (interpreter?, backward?) -> kernels
 
 
 def interpreter_enabled() -> bool:
@@ -69,7 +72,8 @@ def _build_kernel():
         K,
         V,
         O,
-        KEEP,  # pointers: q, k, v, out (B*H, len, d); keep (B, S) int8
+        L,
+        KEEP,  # pointers: q, k, v, out (B*H, len, d); L (B*H, T); keep (B, S) int8
         scale,
         T,
         S,
@@ -130,6 +134,10 @@ def _build_kernel():
             out.to(O.dtype.element_ty),
             mask=(offs_m[:, None] < T) & d_ok,
         )
+        # the log-sum-exp for the backward; +inf for a row with no key (P = 0 there)
+        lse = m_i + tl.log(tl.where(l_i > 0, l_i, 1.0))
+        lse = tl.where(l_i > 0, lse, float("inf"))
+        tl.store(L + bh * T + offs_m, lse, mask=offs_m < T)
 
     return triton, flash_fwd
 
@@ -145,7 +153,13 @@ def flash_attention(
     block_m: int = 64,
     block_n: int = 64,
 ) -> Tensor:
-    """FlashAttention forward pass in Triton: softmax(q k^T * scale) v, tile by tile.
+    """FlashAttention in Triton: softmax(q k^T * scale) v, tile by tile, forward and
+    backward.
+
+    Differentiable with respect to q, k and v: the forward kernel also saves one
+    log-sum-exp per query row, and the backward runs the two kernels of
+    ``triton_backward`` (dK and dV per key block, dQ per query block), which recompute
+    each tile's probabilities instead of storing them.
 
     Args:
         q: queries (B, H, T, d); float32, float16 or bfloat16, on a CUDA GPU (or on
@@ -158,9 +172,9 @@ def flash_attention(
 
     Returns:
         Output (B, H, T, d) in the dtype of ``q``. Accumulation is in float32; queries
-        with no visible key get zeros. Under ``TRITON_INTERPRET=1``, bfloat16 inputs
-        are computed in float32 (the interpreter's ``tl.dot`` has no bfloat16) and the
-        output rounded to bfloat16.
+        with no visible key get zeros, and zero gradients. Under
+        ``TRITON_INTERPRET=1``, bfloat16 inputs are computed in float32 (the
+        interpreter's ``tl.dot`` has no bfloat16) and the output rounded to bfloat16.
 
     Raises:
         RuntimeError: if Triton is missing or cannot run on this device (no GPU and
@@ -169,7 +183,7 @@ def flash_attention(
         ValueError: for wrong shapes (naming the argument, expected and received
             shape) or block sizes that are not powers of two >= 16.
 
-    Source: Dao et al. 2022, algorithm 1; Dao 2023, section 3.1.
+    Source: Dao et al. 2022, algorithm 1; Dao 2023, section 3.1 and algorithm 2.
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, Tensor) or x.dtype not in (
@@ -220,32 +234,100 @@ def flash_attention(
         # The interpreter runs tl.dot in NumPy, which has no bfloat16: it returns
         # garbage (errors near 1e9). Compute in float32 and round the output once.
         q, k, v = q.float(), k.float(), v.float()
-    if interp not in _KERNELS:
-        _KERNELS[interp] = _build_kernel()
-    triton, kernel = _KERNELS[interp]
-    qc = q.reshape(b * h, t, d).contiguous()  # (B*H, T, d)
-    kc = k.reshape(b * h, s, d).contiguous()  # (B*H, S, d)
-    vc = v.reshape(b * h, s, d).contiguous()  # (B*H, S, d)
-    out = torch.empty_like(qc)  # (B*H, T, d)
     keep = key_mask if key_mask is not None else torch.ones(1, 1, dtype=torch.bool)
     keep = keep.to(device=q.device, dtype=torch.int8).contiguous()  # (B, S)
-    grid = (triton.cdiv(t, block_m), b * h)
-    kernel[grid](
-        qc,
-        kc,
-        vc,
-        out,
-        keep,
+    config = _Config(
         1.0 / math.sqrt(d) if scale is None else float(scale),
-        t,
-        s,
         h,
-        d,
-        HAS_KEEP=key_mask is not None,
-        CAUSAL=bool(causal),
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_D=max(16, triton.next_power_of_2(d)),
+        key_mask is not None,
+        bool(causal),
+        "ieee" if q.dtype == torch.float32 else "tf32",
+        block_m,
+        block_n,
+    )
+    out = _FlashAttention.apply(
+        q.reshape(b * h, t, d),  # (B*H, T, d)
+        k.reshape(b * h, s, d),  # (B*H, S, d)
+        v.reshape(b * h, s, d),  # (B*H, S, d)
+        keep,
+        config,
     )
     return out.view(b, h, t, d).to(dtype)  # (B, H, T, d)
+
+
+class _Config(NamedTuple):
+    scale: float
+    heads: int  # H, to find the batch item of a (batch, head) program
+    has_keep: bool
+    causal: bool
+    precision: str
+    block_m: int
+    block_n: int
+
+
+def _kernels(backward: bool = False):
+    """The forward ``(triton, kernel)``, or the two backward kernels."""
+    interp = interpreter_enabled()
+    if (interp, backward) not in _KERNELS:
+        if backward:
+            from transformer_course import triton_backward  # imports triton
+
+            kernels = (triton_backward.flash_bwd_dkdv, triton_backward.flash_bwd_dq)
+        else:
+            kernels = _build_kernel()
+        _KERNELS[interp, backward] = kernels
+    return _KERNELS[interp, backward]
+
+
+class _FlashAttention(torch.autograd.Function):
+    """The forward kernel, with the two backward kernels of ``triton_backward`` as its
+    gradient. Works on contiguous (B*H, len, d) tensors; saves q, k, v, the output
+    and the (B*H, T) log-sum-exp."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, keep, cfg: _Config):
+        triton, kernel = _kernels()
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        (bh, t, d), s = q.shape, k.shape[1]
+        out = torch.empty_like(q)  # (B*H, T, d)
+        lse = torch.empty(bh, t, device=q.device, dtype=torch.float32)  # (B*H, T)
+        kernel[(triton.cdiv(t, cfg.block_m), bh)](
+            q, k, v, out, lse, keep, cfg.scale, t, s, cfg.heads, d,
+            **_constants(cfg, triton, d),
+        )  # fmt: skip
+        ctx.save_for_backward(q, k, v, out, lse, keep)
+        ctx.cfg = cfg
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, d_out):
+        import triton
+
+        q, k, v, out, lse, keep = ctx.saved_tensors
+        cfg = ctx.cfg
+        (bh, t, d), s = q.shape, k.shape[1]
+        d_out = d_out.contiguous()  # (B*H, T, d)
+        delta = (d_out.float() * out.float()).sum(-1).contiguous()  # D (B*H, T)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dkdv_kernel, dq_kernel = _kernels(backward=True)
+        sizes = (cfg.scale, t, s, cfg.heads, d)
+        const = _constants(cfg, triton, d)
+        dkdv_kernel[(triton.cdiv(s, cfg.block_n), bh)](
+            q, k, v, d_out, lse, delta, dk, dv, keep, *sizes, **const
+        )
+        dq_kernel[(triton.cdiv(t, cfg.block_m), bh)](
+            q, k, v, d_out, lse, delta, dq, keep, *sizes, **const
+        )
+        return dq, dk, dv, None, None
+
+
+def _constants(cfg: _Config, triton, d: int) -> dict:
+    return {
+        "HAS_KEEP": cfg.has_keep,
+        "CAUSAL": cfg.causal,
+        "PRECISION": cfg.precision,
+        "BLOCK_M": cfg.block_m,
+        "BLOCK_N": cfg.block_n,
+        "BLOCK_D": max(16, triton.next_power_of_2(d)),
+    }
