@@ -26,7 +26,7 @@ from transformer_course import _validation
 
 COLUMN_PX = 684  #: width of the page's code/figure column at a 1280 px window
 MIN_TEXT_PX = 10  #: smallest text allowed on the page
-SAVE_DPI = 200  #: savefig resolution (about 2x for a 684 px column: crisp on HiDPI)
+SAVE_DPI = 100  #: the resolution the book saves figures at (matplotlib's default)
 #: widest figure (inches) whose 10 pt text still shows at 10 px: 10 * 684 / (72 * 9.5)
 MAX_WIDTH_IN = 9.5
 #: figure width (inches) that fills the column with 10 pt text at 13 px
@@ -58,7 +58,6 @@ _RC = {
     "legend.fontsize": FONT_PT["small"],
     "figure.titlesize": FONT_PT["title"],
     "figure.figsize": (COLUMN_WIDTH_IN, 4.0),
-    "savefig.dpi": SAVE_DPI,
     "axes.prop_cycle": mpl.cycler(
         color=[ROLE_COLORS[r] for r in ("query", "key", "value", "attention")]
         + [ROLE_COLORS[r] for r in ("embedding", "feedforward", "norm")]
