@@ -50,7 +50,11 @@ class Diagram(Picture):
     def edge_labels(self) -> list[tuple[str, str, tuple[int, ...]]]:
         """(tail label, head label, shape) of every arrow."""
         by_id = {n.id: n.label for n in self.nodes}
-        return [(by_id[e.tail], by_id[e.head], e.shape) for e in self.edges]
+        return [
+            (by_id[e.tail], by_id[e.head], e.shape)
+            for e in self.edges
+            if not e.invisible
+        ]
 
     @property
     def alt_text(self) -> str:
@@ -115,8 +119,9 @@ def diagram(
     )
 
 
-def side_by_side(diagrams, labels, *, title: str) -> Diagram:
-    """One picture of several diagrams, each in a cluster labelled by ``labels``.
+def side_by_side(diagrams, labels, *, title: str, stacked: bool = False) -> Diagram:
+    """One picture of several diagrams, each in a cluster labelled by ``labels``;
+    ``stacked`` puts each below the previous one (narrow enough for the page).
 
     Raises:
         ValueError: if ``labels`` and ``diagrams`` differ in length.
@@ -141,6 +146,9 @@ def side_by_side(diagrams, labels, *, title: str) -> Diagram:
             Edge(f"d{i}{e.tail}", f"d{i}{e.head}", e.shape, e.names, e.residual)
             for e in d.edges
         ]
+        if stacked and i:  # the previous picture's output above this one's input
+            last = f"d{i - 1}{diagrams[i - 1].nodes[-1].id}"
+            edges.append(Edge(last, f"d{i}{d.nodes[0].id}", (), invisible=True))
     return Diagram(title, nodes, edges, clusters, rankdir=diagrams[0].rankdir)
 
 
@@ -157,4 +165,5 @@ def teacher_student_diagram(teacher: nn.Module, student: nn.Module, ids) -> Diag
             f"student: {len(student.layers)} layers",
         ],
         title="the teacher and its student",
+        stacked=True,
     )

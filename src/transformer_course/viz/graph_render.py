@@ -67,9 +67,12 @@ def render_graph(d):
             attrs["shape"] = "circle" if n.label == "+" else "ellipse"
         (bodies[n.cluster] if n.cluster else g).node(n.id, n.label, **attrs)
     for e in d.edges:
+        if e.invisible:
+            g.edge(e.tail, e.head, style="invis")
+            continue
         tail = next(n for n in d.nodes if n.id == e.tail)
         head = next(n for n in d.nodes if n.id == e.head)
-        inbound = sum(1 for x in d.edges if x.head == e.head)
+        inbound = sum(1 for x in d.edges if x.head == e.head and not x.invisible)
         label = f"({', '.join(str(s) for s in e.shape)})" if e.shape else ""
         if e.names and inbound > 1 and head.kind == "box":
             names = [_ABBREVIATION.get(x, x) for x in e.names]

@@ -88,6 +88,7 @@ class Edge:
     shape: tuple[int, ...]
     names: list[str] = field(default_factory=list)
     residual: bool = False
+    invisible: bool = False  # only orders the layout (stacked pictures)
 
 
 @dataclass
@@ -344,8 +345,10 @@ class _Tracer(TorchFunctionMode):
                 return out
             node = self._node(label, "attention" if label != "+" else "residual", "op")
             tails = self._connect(node, named)
-            if name == "add" and len(set(tails)) == 2:  # the skip path is the older one
-                skip = min(tails, key=lambda n: int(n[1:]))
+            skip = min(tails, key=lambda n: int(n[1:]), default=None)
+            branches = any(t == skip and h != node for t, h, _ in self.edges)
+            if name == "add" and len(set(tails)) == 2 and branches:
+                # the skip path: the older input, which also feeds the other branch
                 for (tail, head, _), edge in self.edges.items():
                     if tail == skip and head == node:
                         edge.residual = True
