@@ -317,3 +317,14 @@ def test_smallest_text_px_catches_a_too_wide_svg():
     wide = '<svg width="1200pt" height="10pt"><text font-size="10.00">a</text></svg>'
     assert svg_min_text_px(narrow) == pytest.approx(10 * 4 / 3)
     assert svg_min_text_px(wide) < style.MIN_TEXT_PX  # known-wrong: scaled to 5.7 px
+
+
+def test_expanding_the_attention_function_shows_its_steps():
+    from transformer_course.attention import scaled_dot_product_attention
+
+    mha = MultiHeadAttention(32, 1)
+    d = diagram(mha, X, X, X, causal_mask(5), expand=(scaled_dot_product_attention,))
+    steps = d.boxes()[d.boxes().index("matmul") :][:4]
+    assert steps == ["matmul", f"\u00d7 {32**-0.5:.3g}", "softmax (masked)", "matmul"]
+    assert [c.label for c in d.clusters] == ["scaled dot-product attention"]
+    assert "matmul" not in mha_diagram().boxes()  # not expanded: one box
