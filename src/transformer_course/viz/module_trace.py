@@ -19,6 +19,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from transformer_course import attention, flash, layers, model, positional, vision
+from transformer_course.viz.module_labels import describe, role_of
 
 FUNCTIONS = {
     attention.scaled_dot_product_attention: (
@@ -51,23 +52,6 @@ EXPAND = (
 _TRANSPARENT = (nn.ModuleList, nn.Sequential)  # expanded without a cluster of their own
 _PASS = (nn.Dropout, nn.Identity)  # never drawn
 _OPS = {"add": "+", "matmul": "matmul", "bmm": "matmul", "softmax": "softmax"}
-_ROLE_BY_CLASS = [
-    (attention.MultiHeadAttention, "attention"),
-    (layers.FeedForward, "feedforward"),
-    (nn.LayerNorm, "norm"),
-    (nn.Embedding, "embedding"),
-    (positional.SinusoidalPositionalEncoding, "embedding"),
-    (positional.LearnedPositionalEmbedding, "embedding"),
-    (positional.RotaryEmbedding, "embedding"),
-    (vision.PatchEmbedding, "embedding"),
-]
-_SHORT = {
-    positional.SinusoidalPositionalEncoding: "sinusoidal positions",
-    positional.LearnedPositionalEmbedding: "learned positions",
-    positional.RotaryEmbedding: "rotary positions",
-    vision.PatchEmbedding: "patches + positions",
-}
-_ROLE_BY_NAME = {"q_proj": "query", "k_proj": "key", "v_proj": "value"}
 _QKV = ("query", "key", "value")
 _IN_LIBRARY = re.compile(r"transformer_course[/\\](?!viz)")
 
@@ -96,29 +80,6 @@ class Cluster:
     id: str
     label: str
     parent: str | None
-
-
-def _describe(m: nn.Module) -> str:
-    if isinstance(m, nn.Linear):
-        return f"Linear {m.in_features}\u2192{m.out_features}"
-    if isinstance(m, attention.MultiHeadAttention):
-        kv = f", H_kv={m.n_kv_heads}" if m.n_kv_heads != m.n_heads else ""
-        return f"multi-head attention H={m.n_heads}{kv}"
-    if isinstance(m, layers.FeedForward):
-        return f"feed-forward {m.linear1.in_features}\u2192{m.linear1.out_features}"
-    if isinstance(m, nn.Embedding):
-        return f"Embedding {m.num_embeddings}\u00d7{m.embedding_dim}"
-    return _SHORT.get(type(m), type(m).__name__)
-
-
-def _role(m: nn.Module, name: str) -> str:
-    short = name.rsplit(".", 1)[-1]
-    if short in _ROLE_BY_NAME:
-        return _ROLE_BY_NAME[short]
-    for cls, role in _ROLE_BY_CLASS:
-        if isinstance(m, cls):
-            return role
-    return "norm" if "Norm" in type(m).__name__ else "linear"
 
 
 def _tensors(x, name: str = ""):
@@ -290,17 +251,17 @@ class _Tracer(TorchFunctionMode):
 
         def label():
             if times > 1:
-                return f"{_describe(m)} \u00d7 {times}"
+                return f"{describe(m)} \u00d7 {times}"
             parts = name.split(".")
             head = ".".join(parts[-2:]) if parts[-1].isdigit() else parts[-1]
-            return f"{head}: {_describe(m)}" if head else _describe(m)
+            return f"{head}: {describe(m)}" if head else describe(m)
 
         named = [
             (n, t)
             for n, v in _bound(m.forward, args, kwargs)
             for _, t in _tensors(v, n)
         ]
-        self._enter(m, m, label, named, role=_role(m, name))
+        self._enter(m, m, label, named, role=role_of(m, name))
         return
 
     def post_hook(self, m, args, kwargs, out):
