@@ -14,7 +14,12 @@ PORT ?= 8000
 export TRANSFORMER_COURSE_STATIC := 1
 
 .PHONY: book test test-fast test-lib serve notebooks lint clean assignments grade gpu-check bench \
-	browser-deps
+	browser-deps graphviz-deps
+
+# The diagrams are laid out by Graphviz's dot: installed with apt-get when missing and
+# allowed (root or passwordless sudo), else one line says what to install.
+graphviz-deps:
+	@bash tools/ensure_graphviz.sh
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,7 +33,7 @@ $(VENDOR)/mathjax/tex-svg.js: package.json package-lock.json
 	mkdir -p $(VENDOR)/mathjax
 	cp node_modules/mathjax/es5/tex-svg.js $(VENDOR)/mathjax/tex-svg.js
 
-book: $(STAMP) $(VENDOR)/mathjax/tex-svg.js
+book: graphviz-deps $(STAMP) $(VENDOR)/mathjax/tex-svg.js
 	$(PY) tools/sync_notebooks.py --check
 	$(PY) tools/build_book.py . -W -n --keep-going --builder html  # jupyter-book build, -j cores
 	@echo "Book built: $(CURDIR)/_build/html/index.html"

@@ -1,7 +1,9 @@
-"""Figures, animations and interactive views. Functions take tensors and return a
-matplotlib Figure or displayable HTML; nothing here trains or computes attention."""
+"""Figures, animations, interactive views and diagrams. Functions take tensors (or
+modules) and return a matplotlib Figure or something displayable; nothing here trains
+or computes attention. Importing it applies the book style (``viz.style``)."""
 
 from transformer_course.viz.animations import animation_html, query_scan_animation
+from transformer_course.viz.diagrams import diagram, teacher_student_diagram
 from transformer_course.viz.interactive import interactive, static_mode
 from transformer_course.viz.plots import (
     alt_text,
@@ -10,16 +12,31 @@ from transformer_course.viz.plots import (
     register_alt_text_display,
     set_alt_text,
 )
+from transformer_course.viz.schematics import (
+    course_map,
+    kv_cache_diagram,
+    tiles_diagram,
+)
+from transformer_course.viz.style import ROLE_COLORS, use_book_style
+
+use_book_style()  # one style for every figure of the book
 
 register_alt_text_display()  # alt text for every figure in the book build
 
 __all__ = [
+    "ROLE_COLORS",
     "alt_text",
     "animation_html",
     "attention_grid",
     "attention_heatmap",
+    "course_map",
+    "diagram",
     "interactive",
+    "kv_cache_diagram",
     "query_scan_animation",
     "set_alt_text",
     "static_mode",
+    "teacher_student_diagram",
+    "tiles_diagram",
+    "use_book_style",
 ]

@@ -17,6 +17,7 @@ from matplotlib.animation import Animation, FuncAnimation
 from matplotlib.patches import Rectangle
 
 from transformer_course import _validation
+from transformer_course.viz import style
 from transformer_course.viz.plots import alt_text
 
 # to_jshtml() draws its buttons with Font Awesome 4 icons loaded from a CDN. The site
@@ -155,8 +156,8 @@ def query_scan_animation(
         ax.set_xlabel("key")
         ax.set_ylabel(label)
         ax.axhline(0, color="grey", lw=0.5)
-    bars_s = ax_s.bar(x, np.zeros(n), color="tab:blue")
-    bars_w = ax_w.bar(x, np.zeros(n), color="tab:orange")
+    bars_s = ax_s.bar(x, np.zeros(n), color=style.ROLE_COLORS["query"])
+    bars_w = ax_w.bar(x, np.zeros(n), color=style.ROLE_COLORS["attention"])
     title = fig.suptitle("")
 
     def update(frame: int):

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from transformer_course.viz import style
+
 
 def _as_numpy(x, name: str, ndim: int) -> np.ndarray:
     if isinstance(x, torch.Tensor):
@@ -52,7 +54,7 @@ def _draw(ax, w, x_labels, y_labels, title, cmap, annotate, vmax):
                     ha="center",
                     va="center",
                     color=color,
-                    fontsize=8,
+                    fontsize=style.FONT_PT["small"],
                 )
     if title:
         ax.set_title(title)
@@ -85,7 +87,7 @@ def attention_heatmap(
     w = _as_numpy(weights, "weights", 2)
     if figsize is None:
         figsize = (1.0 + 0.45 * w.shape[1] + 1.2, 1.0 + 0.45 * w.shape[0])
-        figsize = (max(figsize[0], 3.5), max(figsize[1], 3.0))
+        figsize = style.fit_width((max(figsize[0], 3.5), max(figsize[1], 3.0)))
     fig, ax = plt.subplots(figsize=figsize, layout="constrained")
     image = _draw(ax, w, x_labels, y_labels, title, cmap, annotate, max(w.max(), 1e-9))
     fig.colorbar(image, ax=ax, label="attention weight")
@@ -134,13 +136,17 @@ def attention_grid(
     if w.ndim != 4:
         raise ValueError(f"weights: expected (R, C, T, S) or (C, T, S), got {w.shape}")
     n_rows, n_cols = w.shape[:2]
+    small = style.FONT_PT["small"]
     fig, axes = plt.subplots(
         n_rows,
         n_cols,
-        figsize=(cell_size * n_cols, cell_size * n_rows),
+        figsize=style.fit_width((cell_size * n_cols, cell_size * n_rows)),
         squeeze=False,
         layout="constrained",
     )
+    # token labels only when they fit side by side under a panel (no overlapping text)
+    panel_in = fig.get_size_inches()[0] / n_cols
+    fits = tokens is not None and len(tokens) * small * 1.3 / 72 <= panel_in
     for r in range(n_rows):
         for c in range(n_cols):
             ax = axes[r, c]
@@ -148,12 +154,14 @@ def attention_grid(
             ax.set_xticks([])
             ax.set_yticks([])
             if r == 0:
-                ax.set_title(f"{col_label} {c}", fontsize=8)
+                ax.set_title(f"{col_label} {c}", fontsize=small)
             if c == 0:
-                ax.set_ylabel(f"{row_label} {r}" if n_rows > 1 else "query", fontsize=8)
-            if tokens is not None and r == n_rows - 1:
+                ax.set_ylabel(
+                    f"{row_label} {r}" if n_rows > 1 else "query", fontsize=small
+                )
+            if tokens is not None and r == n_rows - 1 and fits:
                 ax.set_xticks(range(len(tokens)))
-                ax.set_xticklabels(tokens, rotation=90, fontsize=6)
+                ax.set_xticklabels(tokens, rotation=90, fontsize=small)
     if title:
         fig.suptitle(title)
     plt.close(fig)
@@ -221,11 +229,13 @@ def alt_text(fig: Figure) -> str:
 def figure_html(fig: Figure) -> str:
     """``fig`` as an HTML ``<img>`` (PNG data URI) with its alt text."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
+    fig.savefig(buf, format="png", bbox_inches="tight", dpi=style.SAVE_DPI)
     data = base64.b64encode(buf.getvalue()).decode()
+    px = style.smallest_text_px(fig)
     return (
         f'<img src="data:image/png;base64,{data}" alt="{html.escape(alt_text(fig))}" '
-        'style="max-width:100%">'
+        'class="tc-figure" style="max-width:100%"'
+        + (f' data-min-text-px="{px:.1f}">' if px else ">")
     )
 
 

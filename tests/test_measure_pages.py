@@ -1,0 +1,68 @@
+"""tools/measure_pages.py on hand-written pages of known geometry in Debian's chromium:
+heights, shares of code and figures, diagrams, animations, sideways scrolling and the
+smallest figure text."""
+
+from __future__ import annotations
+
+import pytest
+from measure_pages import chapter_pages, measure, measure_site, table
+
+pytestmark = pytest.mark.browser
+
+PAGE = """<!doctype html><html><head><style>
+body {{ margin: 0; }} div, pre, figure, img {{ margin: 0; display: block; }}
+summary {{ display: block; height: 20px; }}
+</style></head><body>
+<div class="cell"><div class="cell_input" style="height:300px">x = 1</div>
+  <div class="cell_output"><div class="output">
+    <img style="width:100px;height:100px" alt="a figure" class="tc-figure"
+         data-min-text-px="12.5"></div></div></div>
+<div class="cell"><details class="hide above-input"><summary>Show code</summary>
+  <div class="cell_input" style="height:400px">hidden</div></details>
+  <div class="cell_output"><div class="output">
+    <figure class="tc-diagram" data-min-text-px="{diagram_px}" style="height:200px">
+      <svg role="img" aria-label="d" width="10" height="10"></svg></figure>
+    <div class="animation" style="height:100px"><img style="height:10px"></div>
+  </div></div></div>
+<div class="cell"><div class="cell_input" style="height:80px">
+  <pre style="width:200px;overflow-x:auto;height:40px">{code}</pre></div></div>
+<div style="height:{spacer}px"></div>
+</body></html>"""
+
+
+def page_html(code="short", diagram_px="9.0"):
+    # 300 + 100 + 20 + 200 + 100 + 80 = 800 px of content, 1200 px of spacer
+    return PAGE.format(code=code, diagram_px=diagram_px, spacer=1200)
+
+
+def loaded(browser, html):
+    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    page.set_content(html, wait_until="load")
+    return page
+
+
+def test_measure_reads_heights_shares_and_counts(browser):
+    m = measure(loaded(browser, page_html()))
+    assert m["screens"] == pytest.approx(2.0)
+    assert m["code_share"] == pytest.approx((300 + 20 + 80) / 2000)  # toggle, not 400
+    assert m["figure_share"] == pytest.approx((100 + 200 + 100) / 2000)
+    assert (m["diagrams"], m["animations"]) == (1, 1)
+    assert m["min_text_px"] == pytest.approx(9.0)
+    assert (m["wide_code"], m["wide_outputs"]) == (0, 0)
+
+
+def test_measure_finds_code_that_scrolls_sideways(browser):
+    m = measure(loaded(browser, page_html(code="x" * 300)))  # known-wrong: too wide
+    assert m["wide_code"] == 1
+
+
+def test_measure_site_visits_every_chapter(browser, tmp_path):
+    (tmp_path / "book").mkdir()
+    for name in ("01_qkv", "02_scaled"):
+        (tmp_path / "book" / f"{name}.html").write_text(page_html(diagram_px="11.0"))
+    (tmp_path / "book" / "intro.html").write_text("<p>not a chapter</p>")
+    assert [p.stem for p in chapter_pages(tmp_path)] == ["01_qkv", "02_scaled"]
+    results = measure_site(tmp_path, browser)
+    assert list(results) == ["01_qkv", "02_scaled"]
+    assert results["01_qkv"]["min_text_px"] == pytest.approx(11.0)
+    assert "| 01_qkv | 2.0 | 20% | 20% | 1 | 1 | 0 | 0 | 11.0 |" in table(results)
