@@ -1,6 +1,6 @@
 """Handwritten-digit number images for chapter 8: scikit-learn's ``load_digits``.
 
-scikit-learn ships 1,797 real handwritten digits (8 x 8 pixels, 43 writers; Alpaydin and
+scikit-learn ships 1,797 real handwritten digits (8 x 8 pixels, 13 writers; Alpaydin and
 Kaynak 1998, the UCI "optical recognition of handwritten digits" set) inside the
 package, so nothing is downloaded. ``split_digit_images`` splits the *images* into
 train / valid / test before anything is built from them; ``number_images`` places the
@@ -31,9 +31,10 @@ def _load_digits() -> tuple[Tensor, Tensor]:
 def split_digit_images(
     fractions: tuple[float, float, float] = (0.7, 0.15, 0.15), seed: int = 0
 ) -> dict[str, tuple[Tensor, Tensor]]:
-    """scikit-learn's 1,797 real handwritten digits (8 x 8, 43 writers), split into
+    """scikit-learn's 1,797 real handwritten digits (8 x 8, 13 writers), split into
     train / valid / test *images* by a seeded permutation, before anything is built
-    from them, so no test image is ever seen in training.
+    from them, so no test image is ever seen in training. The split is of images, not
+    of writers: the same 13 writers appear in every part.
 
     Returns:
         dict split -> (images (n, 8, 8) float32 ink in [0, 1], labels (n,) int64).

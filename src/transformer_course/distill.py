@@ -3,9 +3,11 @@
 Derived in chapter 9 ("Smaller models"). A small *student* learns to reproduce a large
 *teacher*: its softened output distribution (Hinton et al. 2015), its sentence
 embeddings (DistilBERT's cosine loss), and the self-attention distributions and value
-relations of its last layer (MiniLM, Wang et al. 2020, the method that trained
-all-MiniLM-L6-v2 itself). Fidelity to the teacher is measured without labels: how well
-the student keeps the teacher's pairwise similarities between sentences.
+relations of its last layer (MiniLM, Wang et al. 2020, the method that distilled
+MiniLM-L12-H384, whose every second layer, fine-tuned contrastively on about a billion
+sentence pairs, became all-MiniLM-L6-v2: its model card). Fidelity to the teacher is
+measured without labels: how well the student keeps the teacher's pairwise similarities
+between sentences.
 
 Shape letters: B batch, S tokens, D d_model, H heads, d_k head size, C classes,
 N sentences. Masks are bool, True = real token.
