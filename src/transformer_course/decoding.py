@@ -20,58 +20,24 @@ import torch
 import torch.nn.functional as F
 
 from transformer_course.data import BOS_ID, EOS_ID, PAD_ID
+from transformer_course.kv_cache import KVCache
 from transformer_course.training import in_eval_mode
 
 Tensor = torch.Tensor
 
 
-class KVCache:
-    """The keys and values a self-attention layer has seen so far.
+def new_caches(model, capacity: int = 64, *, cache=KVCache) -> list[KVCache]:
+    """One empty cache per decoder layer of a ``Transformer`` or ``DecoderOnlyLM``.
 
-    ``update(k, v)`` appends this step's keys and values, each (B, H, S_new, d_k),
-    along the sequence axis and returns everything so far, (B, H, S_past + S_new, d_k);
-    ``length`` is S_past + S_new. ``reorder(index)`` keeps batch rows ``index`` (beam
-    search moves hypotheses between beams).
-
-    Raises (``update``): ValueError when k and v disagree, or differ from the cached
-    tensors in anything but the sequence length.
+    ``capacity`` is the tokens each ``KVCache`` preallocates (it doubles when full);
+    pass the longest sequence a decoder will cache and it never grows. ``cache`` is
+    the class (``ConcatKVCache`` for the copy-per-step version, which takes no
+    capacity).
     """
-
-    def __init__(self):
-        self.k: Tensor | None = None
-        self.v: Tensor | None = None
-
-    @property
-    def length(self) -> int:
-        return 0 if self.k is None else self.k.shape[2]
-
-    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        if k.dim() != 4 or k.shape[:3] != v.shape[:3]:
-            raise ValueError(
-                "k, v: expected (B, H, S_new, d_k) with the same first three sizes, got "
-                f"{tuple(k.shape)} and {tuple(v.shape)}"
-            )
-        if self.k is None:
-            self.k, self.v = k, v
-        else:
-            if k.shape[:2] != self.k.shape[:2] or k.shape[3] != self.k.shape[3]:
-                raise ValueError(
-                    f"k: expected (B, H, S_new, d_k) = {tuple(self.k.shape[:2])} + "
-                    f"(S_new, {self.k.shape[3]}) to match the cache, got {tuple(k.shape)}"
-                )
-            self.k = torch.cat([self.k, k], dim=2)  # (B, H, S_past + S_new, d_k)
-            self.v = torch.cat([self.v, v], dim=2)
-        return self.k, self.v
-
-    def reorder(self, index: Tensor) -> None:
-        if self.k is not None:
-            self.k, self.v = self.k[index], self.v[index]
-
-
-def new_caches(model) -> list[KVCache]:
-    """One empty ``KVCache`` per decoder layer of a ``Transformer`` or ``DecoderOnlyLM``."""
     layers = model.decoder.layers if hasattr(model, "decoder") else model.layers
-    return [KVCache() for _ in layers]
+    if cache is KVCache:
+        return [KVCache(capacity) for _ in layers]
+    return [cache() for _ in layers]
 
 
 def _strip(row: list[int]) -> list[int]:
