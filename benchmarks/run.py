@@ -473,43 +473,65 @@ def val_loss(model, x_val, y_val) -> float:
 
 
 @torch.no_grad()
-def generate(model, prompt, n_new, use_cache: bool):
-    """Greedy generation; returns (ids, logits of every step)."""
+def generate(model, prompt, n_new, cache=None):
+    """Greedy generation; returns (ids, logits of every step). ``cache``: the cache
+    class (``KVCache``, preallocated for the whole generation, or ``ConcatKVCache``),
+    None to recompute the whole prefix every step."""
     from transformer_course.decoding import new_caches
 
-    caches = new_caches(model) if use_cache else None
+    capacity = prompt.shape[1] + n_new  # known from the number of new tokens
+    caches = None if cache is None else new_caches(model, capacity, cache=cache)
     ids, step_in, all_logits = prompt, prompt, []
     for _ in range(n_new):
         logits = model(step_in, caches=caches)[:, -1]  # (B, V)
         nxt = logits.argmax(-1, keepdim=True)  # (B, 1)
         all_logits.append(logits)
         ids = torch.cat([ids, nxt], dim=1)
-        step_in = nxt if use_cache else ids
+        step_in = ids if cache is None else nxt
     return ids, torch.stack(all_logits, dim=1)
 
 
+def _keep(out: dict, name: str, fn, *args):
+    out[name] = fn(*args)
+
+
 def bench_kv_cache(model, tok, lengths, device) -> list[dict]:
+    """Generation time with the preallocated ``KVCache``, the copy-per-step
+    ``ConcatKVCache`` and no cache, side by side at each length, on
+    ``TIMING_THREADS`` threads; the three must generate the same tokens."""
+    from transformer_course.kv_cache import ConcatKVCache, KVCache
+
     prompt = torch.tensor([tok.encode("ROMEO:\n")], device=device)
-    generate(model, prompt, 4, use_cache=True)  # warm-up
+    kinds = {"preallocated": KVCache, "concat": ConcatKVCache, "none": None}
     rows = []
-    for n in lengths:
-        start = time.perf_counter()
-        ids_c, logits_c = generate(model, prompt, n, use_cache=True)
-        cached = time.perf_counter() - start
-        start = time.perf_counter()
-        ids_u, logits_u = generate(model, prompt, n, use_cache=False)
-        uncached = time.perf_counter() - start
-        rows.append(
-            {
-                "new_tokens": n,
-                "cached_s": cached,
-                "uncached_s": uncached,
-                "cached/uncached time": cached / uncached,
-                "same_tokens": bool(torch.equal(ids_c, ids_u)),
-                "max_logit_diff": (logits_c - logits_u).abs().max().item(),
-            }
-        )
-        print("kv cache:", rows[-1])
+    with threads(TIMING_THREADS):
+        for cache in kinds.values():
+            generate(model, prompt, 4, cache)  # warm-up
+        for n in lengths:
+            out, secs = {}, {}
+            for name, cache in kinds.items():  # one timed call each (no warm-up)
+                run = partial(_keep, out, name, generate, model, prompt, n, cache)
+                secs[name] = best_time(run, device, 1, warmup=0)
+            ids, logits = out["preallocated"]
+            for name in ("concat", "none"):
+                if not torch.equal(out[name][0], ids):
+                    raise AssertionError(
+                        f"{n} new tokens: the {name!r} cache generated other tokens "
+                        "than the preallocated one"
+                    )
+            rows.append(
+                {
+                    "new_tokens": n,
+                    "cached_s": secs["preallocated"],
+                    "concat_cached_s": secs["concat"],
+                    "uncached_s": secs["none"],
+                    "cached/uncached time": secs["preallocated"] / secs["none"],
+                    "concat/uncached time": secs["concat"] / secs["none"],
+                    "same_tokens": True,
+                    "max_logit_diff": (logits - out["none"][1]).abs().max().item(),
+                }
+            )
+            print("kv cache:", rows[-1], flush=True)
     return rows
 
 
@@ -665,6 +687,20 @@ def goals(results: dict) -> list[dict]:
             "met?": top["T"] >= 8192 and top["tiled/naive memory"] <= 0.05,
         },
     ]
+    kv = [r for r in results.get("kv_cache", []) if "concat/uncached time" in r]
+    if kv:  # the longest generation
+        top = max(kv, key=lambda r: r["new_tokens"])
+        rows.append(
+            {
+                "measure": f"KV-cached/uncached generation time, {top['new_tokens']:,} "
+                f"new tokens, threads = {TIMING_THREADS}",
+                "now": f"{top['cached/uncached time']:.3f} (copy-per-step cache: "
+                f"{top['concat/uncached time']:.3f})",
+                "goal": "<= 0.05 at 2,048 new tokens",
+                "met?": top["new_tokens"] >= 2048
+                and top["cached/uncached time"] <= 0.05,
+            }
+        )
     if "translation" in results:  # written by benchmarks/translation.py
         tr = results["translation"]
         rows.append(
@@ -831,7 +867,18 @@ def write_markdown(results: dict, path: Path) -> None:
         "",
         "## KV cache: greedy generation with and without it",
         "",
-        f"Model: {results['lm']}",
+        (
+            f"Model: {results['lm']}. One greedy generation each, side by side, on "
+            f"{TIMING_THREADS} torch thread: the preallocated `KVCache` (written in "
+            "place), the copy-per-step `ConcatKVCache` (`torch.cat` every step) and "
+            "no cache (the whole prefix recomputed every step); the run stops if "
+            "they generate different tokens."
+            + (
+                f" Measured alone: `{results['kv_cache_command']}`."
+                if "kv_cache_command" in results
+                else ""
+            )
+        ),
         "",
         table(results["kv_cache"]),
         "",
@@ -853,10 +900,58 @@ def write_markdown(results: dict, path: Path) -> None:
     path.write_text("\n".join(parts))
 
 
+def lm_measurements(results: dict, smoke: bool, device):
+    """Train the Shakespeare LM and measure its KV cache (time and bytes per token);
+    returns the model and its validation batch for the int8 measurement."""
+    gen_lengths = [8, 16] if smoke else [256, 512, 1024, 2048]
+    model, tok, val, train_loss = shakespeare_lm(
+        steps=3 if smoke else 300,
+        d_model=32 if smoke else 128,
+        n_layers=1 if smoke else 2,
+        max_len=max(gen_lengths) + 80,
+        device=device,
+    )
+    results["lm"] = (
+        f"character-level DecoderOnlyLM, d_model {model.cfg.d_model}, "
+        f"{model.cfg.n_layers} layers, {model.cfg.n_heads} heads, "
+        f"final training loss {train_loss:.3f}"
+    )
+    results["kv_cache"] = bench_kv_cache(model, tok, gen_lengths, device)
+    results["kv_bytes"] = kv_bytes_table(model.cfg, [model.cfg.n_heads, 2, 1])
+    return model, val
+
+
+def kv_cache_alone(results: dict, out: Path, seconds: float) -> int:
+    """``--only kv-cache``: put the new KV-cache rows into the full report when there
+    is one (redoing its Goals table), else write ``results-kv-cache.json``."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    full = json.loads(path.read_text()) if path.exists() else {}
+    if "attention" not in full:  # no full run to update
+        results["seconds"], results["load"] = seconds, load_average()
+        path = out / "results-kv-cache.json"
+        path.write_text(json.dumps(results, indent=2))
+        print(f"wrote {path} in {seconds:.0f} s")
+        return 0
+    full.update({k: results[k] for k in ("lm", "kv_cache", "kv_bytes")})
+    full["kv_cache_command"] = f"{results['command']}, {seconds:.0f} s"
+    full["goals"] = goals(full)
+    path.write_text(json.dumps(full, indent=2))
+    write_markdown(full, out / "results.md")
+    print(f"updated the KV-cache rows of {out}/results.md and results.json")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds")
     parser.add_argument("--out", type=Path, default=HERE, help="folder for the reports")
+    parser.add_argument(
+        "--only",
+        choices=["kv-cache"],
+        help="run this measurement alone: its rows replace those of an existing "
+        "results.json (and its Goals row is redone), or go to results-kv-cache.json",
+    )
     args = parser.parse_args(argv)
     from transformer_course.device import get_device
 
@@ -864,10 +959,15 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     smoke = args.smoke
     results = {
-        "command": "python benchmarks/run.py" + (" --smoke" if smoke else ""),
+        "command": "python benchmarks/run.py"
+        + (" --smoke" if smoke else "")
+        + (f" --only {args.only}" if args.only else ""),
         "smoke": smoke,
         "machine": machine(device),
     }
+    if args.only == "kv-cache":
+        lm_measurements(results, smoke, device)
+        return kv_cache_alone(results, args.out, time.perf_counter() - start)
     lengths = [64, 128] if smoke else [256, 512, 1024, 2048, 4096, 8192]
     sweep_t = 128 if smoke else 2048
     results["tile_sweep"] = bench_tile_sweep(
@@ -905,21 +1005,7 @@ def main(argv=None) -> int:
         128 if smoke else 2048, device, compile_too=not smoke, repeat=1 if smoke else 3
     )
     results["triton"] = bench_triton(1024 if smoke else 4096, device)
-    gen_lengths = [8, 16] if smoke else [64, 128, 256, 512, 1024]
-    model, tok, (x_val, y_val), train_loss = shakespeare_lm(
-        steps=3 if smoke else 300,
-        d_model=32 if smoke else 128,
-        n_layers=1 if smoke else 2,
-        max_len=max(gen_lengths) + 80,
-        device=device,
-    )
-    results["lm"] = (
-        f"character-level DecoderOnlyLM, d_model {model.cfg.d_model}, "
-        f"{model.cfg.n_layers} layers, {model.cfg.n_heads} heads, "
-        f"final training loss {train_loss:.3f}"
-    )
-    results["kv_cache"] = bench_kv_cache(model, tok, gen_lengths, device)
-    results["kv_bytes"] = kv_bytes_table(model.cfg, [model.cfg.n_heads, 2, 1])
+    model, (x_val, y_val) = lm_measurements(results, smoke, device)
     results["int8"] = bench_int8(model, x_val, y_val, repeat=1 if smoke else 5)
     results["seconds"] = time.perf_counter() - start
     results["load"] = load_average()
