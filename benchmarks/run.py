@@ -707,10 +707,13 @@ def goals(results: dict) -> list[dict]:
             {
                 "measure": "chapter 6 held-out exact match, mean over "
                 f"{tr['seeds']} seeds (benchmarks/translation.py)",
-                "now": f"{tr['exact_match_mean']:.2%}, {tr['train_seconds_mean']} s "
-                f"of training ({tr['torch_threads']} threads)",
-                "goal": ">= 99.9% within 120 s of training",
+                "now": f"{tr['exact_match_mean']:.2%} (lowest seed "
+                f"{tr.get('exact_match_min', float('nan')):.2%}), "
+                f"{tr['train_seconds_mean']} s of training ({tr['torch_threads']} "
+                "threads)",
+                "goal": "every seed >= 99.8%, mean >= 99.9%, within 120 s of training",
                 "met?": tr["exact_match_mean"] >= 0.999
+                and tr.get("exact_match_min", 0.0) >= 0.998
                 and tr["train_seconds_mean"] <= 120,
             }
         )

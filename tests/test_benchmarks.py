@@ -60,12 +60,12 @@ def test_smoke_run_writes_reports(bench, tmp_path):
     assert "chapter 6 held-out exact match, mean over 3 seeds" in goals
 
 
-def test_translation_goal_needs_the_mean_and_the_time(bench):
-    """The Goals row for chapter 6 is met only with both the mean exact match and
-    the training time within the goal (99.9%, 120 s)."""
+def test_translation_goal_needs_the_mean_the_lowest_seed_and_the_time(bench):
+    """The Goals row for chapter 6 is met only with the mean exact match, the lowest
+    seed's and the training time all within the goal (99.9%, 99.8%, 120 s)."""
     base = {"seeds": 3, "torch_threads": 2}
 
-    def met(mean, seconds):
+    def met(mean, seconds, lowest=0.999):
         results = {
             "attention": [
                 {
@@ -80,6 +80,7 @@ def test_translation_goal_needs_the_mean_and_the_time(bench):
             "translation": {
                 **base,
                 "exact_match_mean": mean,
+                "exact_match_min": lowest,
                 "train_seconds_mean": seconds,
             },
         }
@@ -89,6 +90,7 @@ def test_translation_goal_needs_the_mean_and_the_time(bench):
     assert met(0.9995, 95.0)
     assert not met(0.9985, 95.0)  # the mean misses 99.9%
     assert not met(0.9995, 130.0)  # over the training budget
+    assert not met(0.9995, 95.0, lowest=0.9975)  # one seed below 99.8%
 
 
 def _goals(attention_t=1024, **extra):
