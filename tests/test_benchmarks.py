@@ -46,7 +46,7 @@ def test_smoke_run_writes_reports(bench, tmp_path):
     assert abs(sum(p["share of tiled"] for p in parts) - 1) < 1e-6
     for row in results["kv_cache"]:
         assert row["same_tokens"] and row["max_logit_diff"] < 1e-4
-        assert row["cached/uncached time"] > 0
+        assert row["cached/uncached time"] > 0 and row["concat/uncached time"] > 0
     assert [r["n_kv_heads"] for r in results["kv_bytes"]] == [4, 2, 1]
     int8 = results["int8"]
     assert 0.2 < int8["int8 by hand"]["size/float32"] < 0.6
@@ -101,12 +101,12 @@ def test_flash_backward_goals_met_only_within_both_limits(bench):
     assert goals(0.01, 4096, 2.5) == [False, True]  # memory must be at T = 8192
 
 
-def test_translation_goal_needs_the_mean_and_the_time(bench):
-    """The Goals row for chapter 6 is met only with both the mean exact match and
-    the training time within the goal (99.9%, 120 s)."""
+def test_translation_goal_needs_the_mean_the_lowest_seed_and_the_time(bench):
+    """The Goals row for chapter 6 is met only with the mean exact match, the lowest
+    seed's and the training time all within the goal (99.9%, 99.8%, 120 s)."""
     base = {"seeds": 3, "torch_threads": 2}
 
-    def met(mean, seconds):
+    def met(mean, seconds, lowest=0.999):
         results = {
             "attention": [
                 {
@@ -121,6 +121,7 @@ def test_translation_goal_needs_the_mean_and_the_time(bench):
             "translation": {
                 **base,
                 "exact_match_mean": mean,
+                "exact_match_min": lowest,
                 "train_seconds_mean": seconds,
             },
         }
@@ -130,6 +131,62 @@ def test_translation_goal_needs_the_mean_and_the_time(bench):
     assert met(0.9995, 95.0)
     assert not met(0.9985, 95.0)  # the mean misses 99.9%
     assert not met(0.9995, 130.0)  # over the training budget
+    assert not met(0.9995, 95.0, lowest=0.9975)  # one seed below 99.8%
+
+
+def _goals(attention_t=1024, **extra):
+    return {
+        "attention": [
+            {
+                "T": attention_t,
+                "tiled/sdpa time": 1.5,
+                "tiled/sdpa time, all cores": 1.5,
+                "all-core threads": 2,
+                "tiled/naive memory": 0.01,
+            },
+        ],
+        "mha": [],
+        **extra,
+    }
+
+
+def test_kv_cache_goal_needs_2048_tokens_and_a_ratio_within_005(bench):
+    def met(new_tokens, ratio):
+        row = {
+            "new_tokens": new_tokens,
+            "cached/uncached time": ratio,
+            "concat/uncached time": 0.1,
+        }
+        goals = bench.goals(_goals(kv_cache=[{**row, "new_tokens": 8}, row]))
+        return next(g for g in goals if "KV-cached" in g["measure"])["met?"]
+
+    assert met(2048, 0.04)
+    assert not met(2048, 0.06)  # too slow
+    assert not met(1024, 0.04)  # not measured at the goal's length
+
+
+def test_only_kv_cache_updates_the_full_report_and_nothing_else(
+    bench, tmp_path, monkeypatch
+):
+    assert bench.main(["--smoke", "--only", "kv-cache", "--out", str(tmp_path)]) == 0
+    alone = json.loads((tmp_path / "results-kv-cache.json").read_text())
+    assert [r["new_tokens"] for r in alone["kv_cache"]] == [8, 16]
+    assert "attention" not in alone and not (tmp_path / "results.json").exists()
+    translation = {
+        "exact_match_mean": 0.9995,
+        "seeds": 5,
+        "train_seconds_mean": 95.0,
+        "torch_threads": 2,
+    }
+    full = _goals(kv_cache=[], lm="old", kv_bytes=[], translation=translation)
+    (tmp_path / "results.json").write_text(json.dumps(full))
+    calls = []
+    monkeypatch.setattr(bench, "write_markdown", lambda _, path: calls.append(path))
+    assert bench.main(["--smoke", "--only", "kv-cache", "--out", str(tmp_path)]) == 0
+    updated = json.loads((tmp_path / "results.json").read_text())
+    assert updated["translation"] == translation and updated["lm"] != "old"
+    assert len(updated["kv_cache"]) == 2 and calls == [tmp_path / "results.md"]
+    assert any("KV-cached" in g["measure"] for g in updated["goals"])
 
 
 def test_table_shows_every_column(bench):

@@ -1,10 +1,12 @@
 """KV cache, greedy decoding, beam search and sampling (chapters 6 and 7)."""
 
+import functools
 import math
 
 import pytest
 import torch
 
+from transformer_course import decoding
 from transformer_course.data import BOS_ID
 from transformer_course.decoding import (
     KVCache,
@@ -15,6 +17,7 @@ from transformer_course.decoding import (
     length_penalty_gnmt,
     new_caches,
 )
+from transformer_course.kv_cache import ConcatKVCache
 from transformer_course.model import DecoderOnlyLM, TransformerConfig, make_model
 
 param = pytest.mark.parametrize
@@ -50,6 +53,186 @@ def test_kv_cache_appends_along_sequence_axis():
     torch.testing.assert_close(k_all[:, :, 4], k[:, :, 0])
     with pytest.raises(ValueError, match="k"):
         cache.update(torch.randn(2, 3, 1, 6), torch.randn(2, 3, 1, 6))  # wrong d_k
+
+
+# ------------------------------ the preallocated cache (issue 29): no copy per step
+
+
+class ForgetfulCache(KVCache):
+    """Known wrong: writes each step's keys but forgets to advance ``length``."""
+
+    def update(self, k, v):
+        length = self.length
+        out = super().update(k, v)
+        self._length = length
+        return out
+
+
+class StaleResetCache(KVCache):
+    """Known wrong: ``reset`` keeps the old length (the write pointer is not rewound)."""
+
+    def reset(self):
+        pass
+
+
+def _lm(tiny_config, max_len=160):
+    torch.manual_seed(0)
+    return DecoderOnlyLM(tiny_config(max_len=max_len)).double().eval()
+
+
+def _stepwise(lm, ids, caches, prompt=3):
+    """Logits of ``ids`` fed as a ``prompt``-token chunk, then one token a step."""
+    with torch.no_grad():
+        out = [lm(ids[:, :prompt], caches=caches)]
+        out += [
+            lm(ids[:, t : t + 1], caches=caches) for t in range(prompt, ids.shape[1])
+        ]
+    return torch.cat(out, dim=1)  # (B, T, V)
+
+
+def _matches_full(lm, ids, caches) -> bool:
+    with torch.no_grad():
+        full = lm(ids)
+    return torch.allclose(_stepwise(lm, ids, caches), full, atol=1e-10)
+
+
+@param(
+    "make",
+    [lambda: KVCache(), lambda: KVCache(2), lambda: KVCache(40, grow=False)],
+    ids=["default", "capacity 2, grows", "fixed 40"],
+)
+def test_preallocated_cache_logits_equal_the_full_forward(make, tiny_config):
+    lm = _lm(tiny_config)
+    ids = torch.randint(3, 12, (2, 40))
+    assert _matches_full(lm, ids, [make() for _ in lm.layers])
+    assert _matches_full(lm, ids, new_caches(lm, cache=ConcatKVCache))
+
+
+def test_cache_that_forgets_to_advance_its_length_is_caught(tiny_config):
+    lm = _lm(tiny_config)
+    ids = torch.randint(3, 12, (2, 12))
+    assert not _matches_full(lm, ids, [ForgetfulCache() for _ in lm.layers])
+
+
+def test_kv_cache_writes_in_place_and_doubles_when_full():
+    cache, concat = KVCache(4), ConcatKVCache()
+    rows = torch.randn(2, 3, 20, 5)  # (B, H, S, d_k)
+    storages = set()
+    for t in range(20):
+        k_all, v_all = cache.update(rows[:, :, t : t + 1], -rows[:, :, t : t + 1])
+        k_ref, _ = concat.update(rows[:, :, t : t + 1], -rows[:, :, t : t + 1])
+        storages.add(k_all.untyped_storage().data_ptr())
+        assert cache.length == concat.length == t + 1
+        torch.testing.assert_close(k_all, k_ref, rtol=0, atol=0)
+        torch.testing.assert_close(v_all, -rows[:, :, : t + 1], rtol=0, atol=0)
+    assert len(storages) == 4  # buffers of 4, 8, 16 and 32 tokens: 3 copies in all
+    assert cache.k.shape == (2, 3, 20, 5)
+    # known wrong: torch.cat makes a new tensor (a copy of everything) every step
+    ptrs = {concat.update(rows[:, :, :1], rows[:, :, :1])[0].data_ptr() for _ in "ab"}
+    assert len(ptrs) == 2
+
+
+def test_kv_cache_overflow_raises_without_grow_and_grows_with_it():
+    fixed = KVCache(4, grow=False)
+    fixed.update(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4))
+    fixed.update(torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4))  # exactly full
+    with pytest.raises(ValueError, match="holds 4 tokens"):
+        fixed.update(torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4))
+    assert fixed.length == 4  # the failed write changed nothing
+    with pytest.raises(ValueError, match="holds 4 tokens"):  # a first chunk too long
+        KVCache(4, grow=False).update(torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4))
+    grows = KVCache(4)
+    k = torch.randn(1, 2, 9, 4)
+    assert torch.equal(grows.update(k, k)[0], k)  # a first chunk past the capacity
+    with pytest.raises(ValueError, match="capacity"):
+        KVCache(0)
+
+
+def test_second_generation_after_reset_equals_a_fresh_one(tiny_config):
+    lm = _lm(tiny_config)
+    first, second = torch.randint(3, 12, (2, 30)), torch.randint(3, 12, (2, 9))
+    caches = new_caches(lm, capacity=8)
+    _stepwise(lm, first, caches)
+    for cache in caches:
+        cache.reset()
+    assert caches[0].length == 0 and caches[0].k is None
+    fresh = _stepwise(lm, second, new_caches(lm, capacity=8))
+    torch.testing.assert_close(_stepwise(lm, second, caches), fresh, rtol=0, atol=0)
+    for cache in caches:  # a reset cache takes another batch size too
+        cache.reset()
+    assert _matches_full(lm, second[:1], caches)
+    # known wrong: a reset that keeps the write pointer attends to the old tokens
+    stale = [StaleResetCache(8) for _ in lm.layers]
+    _stepwise(lm, first, stale)
+    for cache in stale:
+        cache.reset()
+    assert not torch.allclose(_stepwise(lm, second, stale), fresh)
+
+
+def test_kv_cache_reorder_keeps_rows_even_when_repeated():
+    cache = KVCache(8)
+    k, v = torch.randn(4, 2, 5, 3), torch.randn(4, 2, 5, 3)
+    cache.update(k, v)
+    index = torch.tensor([2, 2, 0, 3])  # beam search: a parent kept twice, one dropped
+    cache.reorder(index)
+    torch.testing.assert_close(cache.k, k[index], rtol=0, atol=0)
+    torch.testing.assert_close(cache.v, v[index], rtol=0, atol=0)
+    new = torch.randn(4, 2, 1, 3)
+    k_all, _ = cache.update(new, new)  # the next step writes after the kept rows
+    torch.testing.assert_close(k_all, torch.cat([k[index], new], 2), rtol=0, atol=0)
+    cache.reorder(torch.tensor([1]))  # fewer rows: a smaller buffer
+    assert cache.k.shape == (1, 2, 6, 3)
+    with pytest.raises(ValueError, match="index"):
+        cache.reorder(torch.tensor([1]))  # row 1 of a one-row cache
+    with pytest.raises(ValueError, match="index"):
+        cache.reorder(torch.tensor([0.0]))
+
+
+def test_kv_cache_rejects_tensors_unlike_the_cached_ones():
+    cache = KVCache()
+    cache.update(torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5))
+    with pytest.raises(ValueError, match="float64"):
+        cache.update(torch.randn(2, 3, 1, 5).double(), torch.randn(2, 3, 1, 5).double())
+    with pytest.raises(ValueError, match=r"\(1, 3, 1, 5\)"):
+        cache.update(torch.randn(1, 3, 1, 5), torch.randn(1, 3, 1, 5))
+    with pytest.raises(TypeError, match="k, v"):
+        cache.update([1.0], torch.randn(2, 3, 1, 5))
+
+
+@param("beam_size", [1, 3])
+def test_beam_search_with_the_preallocated_cache_equals_the_concat_one(
+    beam_size, monkeypatch
+):
+    model, src = _model(), torch.randint(4, 20, (8, 6))
+    new = decoding.new_caches
+    monkeypatch.setattr(decoding, "new_caches", functools.partial(new, capacity=2))
+    grown = beam_search(model, src, 12, beam_size=beam_size)  # grows while reordering
+    monkeypatch.setattr(
+        decoding, "new_caches", functools.partial(new, cache=ConcatKVCache)
+    )
+    assert grown == beam_search(model, src, 12, beam_size=beam_size)
+    monkeypatch.setattr(
+        decoding, "new_caches", functools.partial(new, cache=ForgetfulCache)
+    )
+    assert beam_search(model, src, 12, beam_size=beam_size) != grown  # known wrong
+
+
+def test_left_padded_generate_equals_recomputing_every_step(tiny_config):
+    lm = _lm(tiny_config)
+    prompts = [[5, 6, 7, 8, 9], [3], [4, 10, 11]]
+    T = max(map(len, prompts))
+    ids = torch.zeros(3, T, dtype=torch.long)
+    keep = torch.zeros(3, T, dtype=torch.bool)
+    for b, p in enumerate(prompts):
+        ids[b, T - len(p) :], keep[b, T - len(p) :] = torch.tensor(p), True
+    cached = generate(lm, ids, 100, attention_mask=keep)  # the cache grows past 64
+    seq, mask = ids, keep
+    with torch.no_grad():
+        for _ in range(100):  # recompute: the whole sequence every step, no cache
+            nxt = lm(seq, attention_mask=mask)[:, -1].argmax(-1, keepdim=True)
+            seq = torch.cat([seq, nxt], 1)
+            mask = torch.cat([mask, torch.ones_like(nxt, dtype=torch.bool)], 1)
+    assert torch.equal(cached, seq)
 
 
 @param(

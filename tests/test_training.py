@@ -48,6 +48,53 @@ def test_noam_scheduler_sets_optimizer_lr():
     assert seen == pytest.approx([noam_lr(s, 64, 10, 2.0) for s in (1, 2, 3)])
 
 
+def test_train_translator_returns_the_mean_of_its_last_weights(monkeypatch):
+    from transformer_course import translation_data
+    from transformer_course.translation_data import (
+        make_translation_data,
+        train_translator,
+    )
+
+    data = make_translation_data(2_000, tgt_vocab_size=60)
+    cfg = TransformerConfig(
+        src_vocab_size=data.src_tok.vocab_size,
+        tgt_vocab_size=data.tgt_tok.vocab_size,
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        n_layers=1,
+        max_len=32,
+    )
+    snapshots = []
+
+    def recording_fit(*args, after_step, **kwargs):  # keeps every step's weights
+        def record(step):
+            snapshots.append([p.detach().clone() for p in args[0].parameters()])
+            after_step(step)
+
+        return fit(*args, after_step=record, **kwargs)
+
+    monkeypatch.setattr(translation_data, "fit", recording_fit)
+    monkeypatch.setattr(translation_data, "TRANSLATOR_AVERAGE", 3)
+    torch.manual_seed(0)
+    model = make_model(cfg)
+    hist = train_translator(model, data, steps=6, batch_size=16, progress=False)
+    assert hist.steps == 6 and len(snapshots) == 6
+    mean = [torch.stack(ws).mean(0) for ws in zip(*snapshots[-3:])]
+    for p, m in zip(model.parameters(), mean):
+        torch.testing.assert_close(p.detach(), m)
+    # known wrong: the last step's weights are not the average
+    assert any((p - last).abs().max() > 1e-6 for p, last in zip(mean, snapshots[-1]))
+    torch.manual_seed(0)
+    again = make_model(cfg)
+    train_translator(again, data, steps=6, batch_size=16, progress=False)
+    assert all(
+        torch.equal(p, q) for p, q in zip(model.parameters(), again.parameters())
+    )
+    with pytest.raises(ValueError, match="steps"):
+        train_translator(model, data, steps=0)
+
+
 def test_padding_adds_nothing_to_the_loss():
     torch.manual_seed(0)
     logits, target = torch.randn(4, 6), torch.tensor([3, 1, 4, 5])

@@ -25,58 +25,24 @@ import torch.nn.functional as F
 
 from transformer_course import _validation
 from transformer_course.data import BOS_ID, EOS_ID
+from transformer_course.kv_cache import KVCache
 from transformer_course.training import in_eval_mode
 
 Tensor = torch.Tensor
 
 
-class KVCache:
-    """The keys and values a self-attention layer has seen so far.
+def new_caches(model, capacity: int = 64, *, cache=KVCache) -> list[KVCache]:
+    """One empty cache per decoder layer of a ``Transformer`` or ``DecoderOnlyLM``.
 
-    ``update(k, v)`` appends this step's keys and values, each (B, H, S_new, d_k),
-    along the sequence axis and returns everything so far, (B, H, S_past + S_new, d_k);
-    ``length`` is S_past + S_new. ``reorder(index)`` keeps batch rows ``index`` (beam
-    search moves hypotheses between beams).
-
-    Raises (``update``): ValueError when k and v disagree, or differ from the cached
-    tensors in anything but the sequence length.
+    ``capacity`` is the tokens each ``KVCache`` preallocates (it doubles when full);
+    pass the longest sequence a decoder will cache and it never grows. ``cache`` is
+    the class (``ConcatKVCache`` for the copy-per-step version, which takes no
+    capacity).
     """
-
-    def __init__(self):
-        self.k: Tensor | None = None
-        self.v: Tensor | None = None
-
-    @property
-    def length(self) -> int:
-        return 0 if self.k is None else self.k.shape[2]
-
-    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        if k.dim() != 4 or k.shape[:3] != v.shape[:3]:
-            raise ValueError(
-                "k, v: expected (B, H, S_new, d_k) with the same first three sizes, got "
-                f"{tuple(k.shape)} and {tuple(v.shape)}"
-            )
-        if self.k is None:
-            self.k, self.v = k, v
-        else:
-            if k.shape[:2] != self.k.shape[:2] or k.shape[3] != self.k.shape[3]:
-                raise ValueError(
-                    f"k: expected (B, H, S_new, d_k) = {tuple(self.k.shape[:2])} + "
-                    f"(S_new, {self.k.shape[3]}) to match the cache, got {tuple(k.shape)}"
-                )
-            self.k = torch.cat([self.k, k], dim=2)  # (B, H, S_past + S_new, d_k)
-            self.v = torch.cat([self.v, v], dim=2)
-        return self.k, self.v
-
-    def reorder(self, index: Tensor) -> None:
-        if self.k is not None:
-            self.k, self.v = self.k[index], self.v[index]
-
-
-def new_caches(model) -> list[KVCache]:
-    """One empty ``KVCache`` per decoder layer of a ``Transformer`` or ``DecoderOnlyLM``."""
     layers = model.decoder.layers if hasattr(model, "decoder") else model.layers
-    return [KVCache() for _ in layers]
+    if cache is KVCache:
+        return [KVCache(capacity) for _ in layers]
+    return [cache() for _ in layers]
 
 
 def _stop_ids(eos_token_id, device) -> Tensor | None:
@@ -252,6 +218,7 @@ def generate(
     top_p: float | None = None,
     eos_token_id: int | Collection[int] | None = None,
     generator: torch.Generator | None = None,
+    cache: type = KVCache,
 ) -> Tensor:
     """Continue a batch of prompts with a ``DecoderOnlyLM``, one token a step.
 
@@ -277,6 +244,9 @@ def generate(
             any of them is finished and its later tokens are ``model.cfg.pad_id``;
             generation stops early when every row is finished.
         generator: a seeded ``torch.Generator`` for reproducible draws.
+        cache: the cache class with ``use_cache``: ``KVCache`` (preallocated for the
+            prompt and ``max_new_tokens``, written in place) or ``ConcatKVCache`` (the
+            copy-per-step version chapter 7 and the benchmark compare it with).
 
     Returns:
         ids (B, T + n), the prompts followed by n <= max_new_tokens new tokens.
@@ -300,7 +270,8 @@ def generate(
         _validation.left_padded("attention_mask", attention_mask)
     stop = _stop_ids(eos_token_id, ids.device)
     done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)  # finished
-    caches = new_caches(model) if use_cache else None
+    capacity = ids.shape[1] + max_new_tokens  # known before the first step
+    caches = new_caches(model, capacity, cache=cache) if use_cache else None
     step_in = ids  # the whole prompts first, then (with a cache) one token a step
     for _ in range(max_new_tokens):
         logits = model(step_in, attention_mask=attention_mask, caches=caches)[:, -1]

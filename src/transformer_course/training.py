@@ -167,6 +167,7 @@ def fit(
     max_skipped: int = 10,
     progress: bool = True,
     desc: str = "training",
+    after_step: Callable[[int], None] | None = None,
 ) -> History:
     """Train ``model`` for ``max_steps`` optimisation steps.
 
@@ -192,6 +193,8 @@ def fit(
         progress: show a tqdm bar with the running loss (a widget in Jupyter). In the
             book build (``static_mode()``) the bar is off: a live widget cannot be
             shown on the static site, and the cell prints its own summary.
+        after_step: called as ``after_step(step)`` (the 1-based step count) after
+            every applied optimizer step, e.g. to average the weights.
 
     Returns:
         A ``History``. Training stops early, with ``diverged=True``, when the loss
@@ -244,6 +247,8 @@ def fit(
                 optimizer.step()
                 if scheduler is not None:
                     scheduler.step()
+                if after_step is not None:
+                    after_step(hist.steps)
                 skipped_in_a_row = 0
             else:  # never step on NaN or inf: keep the last finite weights
                 optimizer.zero_grad(set_to_none=True)
