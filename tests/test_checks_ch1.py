@@ -8,10 +8,13 @@ import math
 import pytest
 import torch
 
+from transformer_course.additive import additive_attention
+from transformer_course.attention import scaled_dot_product_attention
 from transformer_course.exercises import (
     CheckError,
     check_close,
     check_dot_product_attention,
+    check_encoder_attention,
     check_shape,
     check_soft_lookup,
 )
@@ -81,3 +84,112 @@ def test_check_shape_and_close_name_the_problem():
     with pytest.raises(CheckError, match="index \\(1,\\)"):
         check_close(torch.tensor([1.0, 3.0]), torch.ones(2))
     assert check_close(torch.ones(2), torch.ones(2))
+
+
+# ------------------------------------------- the learner trial of 2026-12-01, chapter 1
+
+
+def _lookup(scores_of, weights_of=torch.softmax):
+    def fn(q, K, V):
+        return weights_of(scores_of(q, K), 0) @ V
+
+    return fn
+
+
+def _pair(weights_of):
+    def fn(q, k, v):
+        w = weights_of(q, k)
+        return w @ v, w
+
+    return fn
+
+
+def _loop_over_batch(q, k, v):
+    rows = [
+        torch.softmax(q[b] @ k[b].T / math.sqrt(q.shape[-1]), -1) for b in range(len(q))
+    ]
+    w = torch.stack(rows)
+    return w @ v, w
+
+
+def _swapped(q, k, v):
+    w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1)
+    return w, w @ v
+
+
+def _encoder(features_of, axis=-1):
+    def fn(dec, memory, w_q, w_k, w_score):
+        f = (dec @ w_q.T).unsqueeze(-2) + (memory @ w_k.T).unsqueeze(-3)
+        w = torch.softmax(features_of(f, w_score), dim=axis)
+        return w @ memory, w
+
+    return fn
+
+
+def _library_lookup(q, K, V):
+    return scaled_dot_product_attention(q[None], K, V)[0][0]
+
+
+def _library_attention(q, k, v):
+    return scaled_dot_product_attention(q, k, v)
+
+
+def _library_encoder(dec, memory, w_q, w_k, w_score):
+    return additive_attention(dec, memory, memory, w_q, w_k, w_score)
+
+
+_SQRT = math.sqrt
+TRIAL_CH1 = [
+    (check_soft_lookup, _lookup(lambda q, K: K @ q), "without scaling"),
+    (check_soft_lookup, _lookup(lambda q, K: K @ q / len(q)), "divided by d"),
+    (
+        check_soft_lookup,
+        lambda q, K, V: torch.softmax(K @ q / _SQRT(V.shape[-1]), 0) @ V,
+        "sqrt(d_v)",
+    ),
+    (check_soft_lookup, lambda q, K, V: torch.softmax(K @ q, 0), "dimension 0"),
+    (check_soft_lookup, lambda q, K, V: V[(K @ q).argmax()], "hard lookup"),
+    (check_soft_lookup, lambda q, K, V: V.mean(0), "same weight"),
+    (check_soft_lookup, lambda q, K, V: (K @ q / _SQRT(len(q))) @ V, "no softmax"),
+    (
+        check_soft_lookup,
+        lambda q, K, V: (_lookup(lambda q, K: K @ q)(q, K, V))[None],
+        "dimensions",
+    ),
+    (check_soft_lookup, _library_lookup, "calls the library's"),
+    (
+        check_dot_product_attention,
+        _pair(
+            lambda q, k: torch.softmax(q @ k.transpose(-2, -1) / _SQRT(q.shape[-1]), 1)
+        ),
+        "query axis",
+    ),
+    (
+        check_dot_product_attention,
+        _pair(lambda q, k: torch.softmax(q @ k.mT, -1)),
+        "without the 1/sqrt(d) scale",
+    ),
+    (check_dot_product_attention, _swapped, "the pair is swapped"),
+    (check_dot_product_attention, lambda q, k, v: _swapped(q, k, v)[1], "tuple"),
+    (check_dot_product_attention, _loop_over_batch, "loops over the batch"),
+    (check_dot_product_attention, _library_attention, "calls the library's"),
+    (check_encoder_attention, _encoder(lambda f, w: f @ w), "miss the tanh"),
+    (
+        check_encoder_attention,
+        _encoder(lambda f, w: f.tanh() @ w, axis=1),
+        "over the decoder steps",
+    ),
+    (check_encoder_attention, _library_encoder, "calls the library's"),
+]
+
+
+@pytest.mark.parametrize(
+    "check, wrong, message", TRIAL_CH1, ids=[str(i) for i in range(len(TRIAL_CH1))]
+)
+def test_each_trial_mistake_of_chapter_1_gets_its_own_message(
+    check, wrong, message, capsys
+):
+    assert check(wrong) is False
+    printed = capsys.readouterr().out
+    assert message in printed and "Hint: " in printed, printed
+    assert "Traceback" not in printed

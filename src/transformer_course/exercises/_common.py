@@ -170,6 +170,8 @@ def check_close(
     rtol: float = 1e-5,
     name: str = "x",
     hint: str | None = None,
+    nan_hint: str = "a softmax over a row whose keys are all masked gives NaN; "
+    "look for a division by zero or exp of a large number.",
 ) -> bool:
     """Check that ``actual`` equals ``expected`` within ``atol + rtol * |expected|``.
 
@@ -185,8 +187,7 @@ def check_close(
         where = tuple(torch.nonzero(bad)[0].tolist())
         fail(
             f"{name} has {int(bad.sum())} NaN/inf values, the first at index {where}",
-            "a softmax over a row whose keys are all masked gives NaN; "
-            "look for a division by zero or exp of a large number.",
+            nan_hint,
         )
     diff = (actual - expected).abs()
     tol = atol + rtol * expected.abs()

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from transformer_course.additive import additive_attention
 from transformer_course.attention import scaled_dot_product_attention
 from transformer_course.exercises import pitfalls
 from transformer_course.exercises._common import (
@@ -21,6 +22,7 @@ from transformer_course.exercises._common import (
     passed,
     random_qkv,
 )
+from transformer_course.exercises._method import loops_over, own_code
 
 
 @exercise_check
@@ -31,8 +33,9 @@ def check_soft_lookup(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> bool:
 
     Raises:
         CheckError: with a hint that names the mistake (hard lookup, missing scale,
-            wrong shape).
+            wrong shape, a call to the library's attention).
     """
+    fn = own_code(fn, scaled_dot_product_attention)
     gen = torch.Generator().manual_seed(1)
     for s, d, dv in ((5, 4, 3), (1, 8, 2), (7, 16, 5)):
         q = torch.randn(d, generator=gen)
@@ -54,6 +57,31 @@ def check_soft_lookup(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> bool:
                 "your output matches softmax(keys @ query) @ values without scaling",
                 "divide the scores by sqrt(d), the size of the query vector.",
             )
+        wrong_scale = {
+            "divided by d, not sqrt(d)": d,
+            "divided by sqrt(d_v), the size of a value, not sqrt(d)": math.sqrt(dv),
+        }
+        for what, by in wrong_scale.items():
+            if by != math.sqrt(d) and close(
+                out, torch.softmax(scores / by, 0) @ values
+            ):
+                fail(
+                    f"your scores are {what}",
+                    "the scale comes from the vectors that are multiplied: query and "
+                    "keys.",
+                )
+        if s > 1 and close(out, values.mean(0)):
+            fail(
+                "every value has the same weight: your output is the plain mean of "
+                "the values",
+                "the weights must depend on how well each key matches the query.",
+            )
+        if close(out, scores / math.sqrt(d) @ values):
+            fail(
+                "your weights are the scaled scores themselves: there is no softmax, "
+                "so they neither are positive nor sum to 1",
+                "turn the scores into weights that are positive and sum to 1.",
+            )
         check_close(out, ref, atol=1e-5, name="output")
     return passed("soft lookup matches the reference on 3 random inputs")
 
@@ -67,13 +95,30 @@ def check_dot_product_attention(
     weights (B, T, S) = softmax(q k^T / sqrt(d)) over the keys.
 
     Raises:
-        CheckError: naming a wrong shape, a softmax over the wrong axis, a missing scale,
-            batch items that leak into each other, or the first wrong value.
+        CheckError: naming a wrong shape, ``(weights, out)`` returned in the wrong
+            order, a softmax over the wrong axis, a missing scale, batch items that
+            leak into each other, a loop over the batch, a call to the library's
+            attention, or the first wrong value.
     """
+    fn = own_code(fn, scaled_dot_product_attention)
     gen = torch.Generator().manual_seed(2)
     for b, t, s, d, dv in ((2, 3, 4, 8, 5), (1, 1, 6, 4, 2), (3, 5, 2, 16, 4)):
         q, k, v = random_qkv(gen, (b,), t, s, d, dv)
         out, weights = out_and_weights(fn(q, k, v))
+        if (
+            isinstance(out, Tensor)
+            and isinstance(weights, Tensor)
+            and out.shape == (b, t, s)
+            and weights.shape == (b, t, dv)
+            and s != dv
+        ):
+            fail(
+                f"the pair is swapped: the first tensor has the weights' shape {(b, t, s)}"
+                f" and the second the output's {(b, t, dv)}",
+                "the check unpacks `out, weights = fn(q, k, v)`: return them in that "
+                "order.",
+                kind=ShapeError,
+            )
         check_shape(weights, (b, t, s), "weights")
         check_shape(out, (b, t, dv), "out")
         ref_out, ref_w = scaled_dot_product_attention(q, k, v)
@@ -106,6 +151,15 @@ def check_dot_product_attention(
                     "transpose only the last two axes of k, and never reshape across "
                     "the batch.",
                 )
+    one = random_qkv(gen, (1,), 3, 4, 8, 5)
+    four = random_qkv(gen, (4,), 3, 4, 8, 5)
+    if loops_over(fn, one, four):
+        fail(
+            "your function runs more operations for a batch of 4 than for a batch of "
+            "1: it loops over the batch, which the exercise asks you not to do",
+            "matrix products broadcast over leading axes: one q @ k^T handles every "
+            "batch item at once.",
+        )
     return passed(
         "batched dot-product attention matches the reference on 3 random inputs"
     )
@@ -122,10 +176,10 @@ def check_encoder_attention(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
     Raises:
         CheckError: with a hint for the usual mistakes: the softmax over the decoder
             steps instead of the encoder states, a missing tanh, only the last encoder
-            state (the fixed-size bottleneck), or wrong shapes.
+            state (the fixed-size bottleneck), wrong shapes, or a call to the
+            library's ``additive_attention``.
     """
-    from transformer_course.additive import additive_attention
-
+    fn = own_code(fn, additive_attention)
     gen = torch.Generator().manual_seed(19)
     for b, t, s, h, a in ((2, 3, 5, 4, 6), (1, 4, 7, 8, 3), (3, 1, 7, 5, 2)):
         dec = torch.randn(b, t, h, generator=gen)

@@ -7,12 +7,19 @@ from collections.abc import Callable
 import torch
 
 from transformer_course.exercises._common import (
+    ShapeError,
     Tensor,
     check_close,
     check_shape,
     exercise_check,
     fail,
     passed,
+)
+from transformer_course.exercises._method import own_code
+from transformer_course.positional import (
+    apply_rotary,
+    position_ids,
+    sinusoidal_encoding,
 )
 
 
@@ -26,8 +33,7 @@ def check_sinusoidal_encoding(fn: Callable[[int, int], Tensor]) -> bool:
         CheckError: naming a crash on odd d_model, sines and cosines swapped or in two
             halves, a wrong exponent, or the first wrong value.
     """
-    from transformer_course.positional import sinusoidal_encoding
-
+    fn = own_code(fn, sinusoidal_encoding)
     for max_len, d in ((10, 4), (50, 16), (10, 5), (7, 1)):
         try:
             out = fn(max_len, d)
@@ -82,8 +88,7 @@ def check_rotary_half(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
         CheckError: naming the interleaved pairing, a reversed rotation, a changed norm,
             or the first wrong value.
     """
-    from transformer_course.positional import apply_rotary
-
+    fn = own_code(fn, apply_rotary)
     gen = torch.Generator().manual_seed(40)
     for shape, offset in (((5, 4), 0), ((2, 3, 6, 8), 0), ((1, 2, 3, 16), 7)):
         x = torch.randn(*shape, generator=gen)
@@ -123,11 +128,12 @@ def check_new_token_positions(fn: Callable[[Tensor, int], Tensor]) -> bool:
     n_new) absolute positions of the newest tokens, counting real tokens only.
 
     Raises:
-        CheckError: naming positions restarted at 0 for the new chunk (pitfall P16),
-            padding counted as positions, or the first wrong value.
+        CheckError: naming positions that are not integers, positions restarted at 0
+            for the new chunk (pitfall P16), the first n_new columns taken instead of
+            the last, padding counted as positions, a call to ``position_ids``, or the
+            first wrong value.
     """
-    from transformer_course.positional import position_ids
-
+    fn = own_code(fn, position_ids)
     keep_full = torch.ones(1, 7, dtype=torch.bool)
     keep_left = torch.tensor(
         [[False, False, True, True, True, True], [True, True, True, True, True, True]]
@@ -135,9 +141,25 @@ def check_new_token_positions(fn: Callable[[Tensor, int], Tensor]) -> bool:
     for keep, n_new in ((keep_full, 3), (keep_full, 1), (keep_left, 2)):
         out = fn(keep, n_new)
         check_shape(out, (keep.shape[0], n_new), "positions")
+        if out.dtype.is_floating_point or out.dtype == torch.bool:
+            fail(
+                f"the positions have dtype {out.dtype}, expected an integer dtype "
+                "(torch.long)",
+                "positions index a table (a learned position embedding, a cache of "
+                "cos and sin): a float cannot index. Count with integers.",
+                kind=ShapeError,
+            )
         ref = position_ids(n_new, offset=keep.shape[1] - n_new, keep=keep)
         if torch.equal(out.long(), ref):
             continue
+        counted = (keep.long().cumsum(-1) - 1).clamp(min=0)
+        if n_new < keep.shape[1] and torch.equal(out.long(), counted[:, :n_new]):
+            fail(
+                f"the {n_new} new token(s) got positions {out[0].tolist()}: those of "
+                f"the first {n_new} token(s) of the text, expected {ref[0].tolist()}",
+                "the newest tokens are at the end of keep: which columns of your "
+                "count belong to them?",
+            )
         if torch.equal(out.long(), torch.arange(n_new).expand_as(ref)):
             fail(
                 f"the {n_new} new token(s) got positions {out[0].tolist()}: they were "

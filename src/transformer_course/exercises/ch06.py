@@ -14,6 +14,8 @@ from transformer_course.exercises._common import (
     fail,
     passed,
 )
+from transformer_course.exercises._method import own_code
+from transformer_course.training import make_criterion, noam_lr, translation_loss
 
 
 @exercise_check
@@ -24,10 +26,10 @@ def check_noam_lr(fn: Callable[[int, int, int], float]) -> bool:
 
     Raises:
         CheckError: naming the first (step, d_model, warmup) that is wrong, with a hint
-            for a peak at the wrong step, a missing d_model factor or a swapped min/max.
+            for a peak at the wrong step, a missing d_model factor, a swapped min/max,
+            a step off by one, or a call to the library's ``noam_lr``.
     """
-    from transformer_course.training import noam_lr
-
+    fn = own_code(fn, noam_lr)
     for d_model, warmup in ((512, 4000), (128, 400), (64, 10)):
         for step in (1, warmup // 2, warmup, 2 * warmup, 10 * warmup):
             got, want = float(fn(step, d_model, warmup)), noam_lr(step, d_model, warmup)
@@ -38,6 +40,12 @@ def check_noam_lr(fn: Callable[[int, int, int], float]) -> bool:
                     f"fn({step}, {d_model}, {warmup}) = {got:.3g}, expected "
                     f"{want:.3g}: off by a factor sqrt(d_model)",
                     "multiply by d_model ** -0.5.",
+                )
+            if math.isclose(got, noam_lr(step + 1, d_model, warmup), rel_tol=1e-6):
+                fail(
+                    f"fn({step}, {d_model}, {warmup}) = {got:.6g}, expected "
+                    f"{want:.6g}: that is the rate of step {step + 1}, one step late",
+                    "the formula's step counts from 1: use step as it is given.",
                 )
             if step != warmup and math.isclose(
                 got, d_model**-0.5 * max(step**-0.5, step * warmup**-1.5), rel_tol=1e-6
@@ -64,8 +72,10 @@ def check_label_smoothed_loss(fn: Callable[..., Tensor]) -> bool:
 
     Raises:
         CheckError: with a hint for padding counted in the loss or the average,
-            smoothing spread over V - 1 tokens, or no smoothing at all.
+            smoothing spread over V - 1 tokens, no smoothing at all, or a call to
+            the library's ``make_criterion``.
     """
+    fn = own_code(fn, make_criterion)
     gen = torch.Generator().manual_seed(6)
     for n, v, eps in ((8, 5, 0.1), (12, 7, 0.2), (5, 3, 0.0)):
         logits = torch.randn(n, v, generator=gen) * 2
@@ -126,10 +136,13 @@ def check_teacher_forcing_loss(fn: Callable[..., Tensor]) -> bool:
 
     Raises:
         CheckError: for the unshifted version (the decoder sees the token it must
-            predict), a shift in the wrong direction, or a different value.
+            predict), labels equal to the decoder input, a shift in the wrong
+            direction, the given criterion ignored, a call to the library's
+            ``translation_loss``, or a different value.
     """
     from transformer_course.model import TransformerConfig, make_model
-    from transformer_course.training import make_criterion, translation_loss
+
+    fn = own_code(fn, translation_loss)
 
     gen = torch.Generator().manual_seed(7)
     cfg = TransformerConfig(
@@ -163,16 +176,43 @@ def check_teacher_forcing_loss(fn: Callable[..., Tensor]) -> bool:
         )
     if torch.allclose(got.reshape(()), want, atol=1e-5):
         return passed("the decoder reads tgt[:, :-1] and predicts tgt[:, 1:]")
-    logits = model(src, tgt)
-    same = crit(logits.reshape(-1, 10), tgt.reshape(-1))
-    if torch.allclose(got.reshape(()), same, atol=1e-5):
+    got = got.reshape(())
+    logits = model(src, tgt[:, :-1])  # (B, T - 1, V)
+    flat, labels = logits.reshape(-1, 10), tgt[:, 1:].reshape(-1)
+    full = model(src, tgt)  # (B, T, V)
+    reading = (
+        crit(full.reshape(-1, 10), tgt.reshape(-1)),
+        crit(flat, tgt[:, :-1].reshape(-1)),
+        crit(full[:, 1:].reshape(-1, 10), labels),
+    )
+    if any(torch.allclose(got, wrong, atol=1e-5) for wrong in reading):
         fail(
-            "the decoder input and the labels are the same sequence: position t "
-            "is asked for the token it is reading",
-            "input tgt[:, :-1] (from BOS), labels tgt[:, 1:] (up to EOS).",
+            "your labels are the tokens the decoder reads: position t is asked for "
+            "the token at its own input, so the decoder reads its answer (the "
+            "chapter's pitfall)",
+            "line up, for one row, the decoder input and the labels: each label "
+            "must be the input one position later.",
+        )
+    backwards = crit(model(src, tgt[:, 1:]).reshape(-1, 10), tgt[:, :-1].reshape(-1))
+    if torch.allclose(got, backwards, atol=1e-5):
+        fail(
+            "the shift runs the wrong way: the decoder reads the sequence without BOS "
+            "and is asked for the token before each one",
+            "the decoder starts from BOS and predicts the next token, up to EOS.",
+        )
+    plain = (
+        torch.nn.functional.cross_entropy(flat, labels),
+        torch.nn.functional.cross_entropy(flat, labels, ignore_index=0),
+    )
+    if any(torch.allclose(got, wrong, atol=1e-5) for wrong in plain):
+        fail(
+            f"loss = {got.item():.5f}, expected {want.item():.5f}: the shift is right, "
+            "but the loss is not the criterion passed in (no label smoothing)",
+            "score the logits with the criterion argument, which smooths the labels "
+            "and ignores padding.",
         )
     fail(
         f"loss = {got.item():.5f}, expected {want.item():.5f}",
-        "logits = model(src, tgt[:, :-1]); compare logits.reshape(-1, V) with "
-        "tgt[:, 1:].reshape(-1).",
+        "which tokens does the decoder read, and which must it predict? Print both "
+        "for one row of tgt.",
     )

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from transformer_course.attention import repeat_kv
 from transformer_course.exercises._common import (
     ShapeError,
     Tensor,
@@ -16,6 +17,27 @@ from transformer_course.exercises._common import (
     fail,
     passed,
 )
+from transformer_course.exercises._method import (
+    loops_over,
+    own_code,
+    torch_calls,
+    whole_row_reductions,
+)
+from transformer_course.flash import online_softmax, tiled_attention
+from transformer_course.quantize import quantize_int8
+
+
+def _read_at_once(calls: list, block: int, size: int) -> None:
+    """Fail when the call reduced over more than one block of the ``size`` scores."""
+    names = whole_row_reductions(calls, block)
+    if names:
+        fail(
+            f"with block={block} your function calls {names[0]}() on more than "
+            f"{block} entries at once: it reads all {size} scores together, which the "
+            "exercise asks you not to do",
+            "keep only a running maximum m and a running sum l, and update both "
+            "from one block of scores at a time.",
+        )
 
 
 def _softmax_no_rescale(x: Tensor, block: int) -> Tensor:
@@ -37,13 +59,16 @@ def check_online_softmax(fn: Callable[[Tensor, int], Tensor]) -> bool:
 
     Raises:
         CheckError: naming a missing rescale of the running sum, overflow, NaN from a
-            block that is all -inf, or the first wrong value.
+            block that is all -inf, a softmax or maximum over the whole row at once,
+            a call to the library's ``online_softmax``, or the first wrong value.
     """
+    fn = own_code(fn, online_softmax)
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(10, generator=gen) * 3
     for block in (1, 3, 10, 16):
-        w = fn(x.clone(), block)
+        w, calls = torch_calls(fn, x.clone(), block)
         check_shape(w, (10,), "weights")
+        _read_at_once(calls, block, len(x))
         ref = torch.softmax(x, 0)
         buggy = _softmax_no_rescale(x, block)
         if not torch.allclose(w, ref, atol=1e-5) and torch.allclose(
@@ -105,16 +130,19 @@ def check_streaming_attention(fn: Callable[..., Tensor]) -> bool:
     softmax(k q / sqrt(d)) v, (d_v,), reading k and v ``block`` rows at a time.
 
     Raises:
-        CheckError: naming an unrescaled output accumulator, a wrong shape, or the
-            first wrong value.
+        CheckError: naming an unrescaled output accumulator, a rescale factor that
+            overflows, a softmax or maximum over all the scores at once, a call to the
+            library's tiled attention, a wrong shape, or the first wrong value.
     """
+    fn = own_code(fn, tiled_attention, online_softmax)
     gen = torch.Generator().manual_seed(8)
     for s, d, dv, block in ((12, 8, 5, 4), (7, 4, 3, 3), (5, 16, 2, 8)):
         q = torch.randn(d, generator=gen) * 2
         k = torch.randn(s, d, generator=gen) * 2
         v = torch.randn(s, dv, generator=gen)
-        out = fn(q, k, v, block)
+        out, calls = torch_calls(fn, q, k, v, block)
         check_shape(out, (dv,), "output")
+        _read_at_once(calls, block, s)
         ref = torch.softmax(k @ q / math.sqrt(d), 0) @ v
         buggy = _stream_no_output_rescale(q, k, v, block)
         if not torch.allclose(out, ref, atol=1e-5) and torch.allclose(
@@ -125,7 +153,15 @@ def check_streaming_attention(fn: Callable[..., Tensor]) -> bool:
                 "acc holds sum exp(s_j - m) v_j for the OLD m: multiply it by "
                 "exp(m - m_new), exactly like the running sum l.",
             )
-        check_close(out, ref, atol=1e-5, name="output")
+        check_close(
+            out,
+            ref,
+            atol=1e-5,
+            name="output",
+            nan_hint="a rescale factor overflowed: when the maximum grows from m to "
+            "m_new the old terms shrink, so their factor is at most 1. Which way round "
+            "is your exponent?",
+        )
     return passed("streaming attention equals softmax(k q / sqrt(d)) v for 3 inputs")
 
 
@@ -136,8 +172,10 @@ def check_repeat_kv(fn: Callable[[Tensor, int], Tensor]) -> bool:
     head serves n_rep consecutive query heads).
 
     Raises:
-        CheckError: naming a wrong shape, or heads tiled in the wrong order.
+        CheckError: naming a wrong shape, heads tiled in the wrong order, a loop
+            over the heads, or a call to the library's ``repeat_kv``.
     """
+    fn = own_code(fn, repeat_kv)
     gen = torch.Generator().manual_seed(9)
     for shape, n_rep in (((2, 3, 5, 4), 2), ((1, 2, 3, 8), 4), ((2, 4, 1, 2), 1)):
         x = torch.randn(*shape, generator=gen)
@@ -147,12 +185,20 @@ def check_repeat_kv(fn: Callable[[Tensor, int], Tensor]) -> bool:
         if n_rep > 1 and torch.equal(out, x.repeat(1, n_rep, 1, 1)):
             fail(
                 "the whole stack of heads is tiled (head h gets head h % H_kv)",
-                "query heads 0..n_rep-1 share key/value head 0: repeat each head "
-                "n_rep times in a row (x[:, :, None].expand(...) or "
-                "repeat_interleave on dim 1).",
+                "query heads 0..n_rep-1 share key/value head 0: each head must be "
+                "repeated n_rep times in a row, not the whole stack.",
             )
         check_close(
             out, x.repeat_interleave(n_rep, dim=1), atol=0, rtol=0, name="output"
+        )
+    one = torch.randn(2, 1, 3, 4, generator=gen)
+    four = torch.randn(2, 4, 3, 4, generator=gen)
+    if loops_over(fn, (one, 2), (four, 2)):
+        fail(
+            "your function runs more operations for 4 key/value heads than for 1: it "
+            "loops over the heads, which the exercise asks you not to do",
+            "add an axis for the copies next to the heads, expand it, then merge the "
+            "two axes.",
         )
     return passed("repeat_kv gives head h the key/value head h // n_rep")
 
@@ -165,9 +211,12 @@ def check_quantize_int8(fn: Callable[[Tensor], tuple[Tensor, Tensor]]) -> bool:
     ``w_int8 * scale`` is within scale / 2 of ``weight``.
 
     Raises:
-        CheckError: naming a wrong dtype or shape, one scale for the whole matrix,
-            truncation instead of rounding, or an error larger than scale / 2.
+        CheckError: naming a wrong dtype or shape (a 1-D scale included: ``w_int8 *
+            scale`` would then scale columns), one scale for the whole matrix,
+            truncation instead of rounding, codes that wrapped around, a call to the
+            library's ``quantize_int8``, or an error larger than scale / 2.
     """
+    fn = own_code(fn, quantize_int8)
     gen = torch.Generator().manual_seed(10)
     w = torch.randn(6, 32, generator=gen) * torch.logspace(-2, 1, 6)[:, None]
     result = fn(w.clone())
@@ -185,13 +234,21 @@ def check_quantize_int8(fn: Callable[[Tensor], tuple[Tensor, Tensor]]) -> bool:
             "the last step converts to the 8-bit integer type.",
             kind=ShapeError,
         )
-    if tuple(scale.shape) not in ((6, 1), (6,)):
+    if tuple(scale.shape) == (6,):
+        fail(
+            "scale has shape (6,), expected (6, 1): a 1-D scale broadcasts along the "
+            "last axis, so w_int8 * scale multiplies columns, not rows (for this "
+            "6 x 32 matrix it raises; for a square one it is silently wrong)",
+            "keep the reduced axis when you take the maximum of each row.",
+            kind=ShapeError,
+        )
+    if tuple(scale.shape) != (6, 1):
         fail(
             f"scale has shape {tuple(scale.shape)}, expected (6, 1): one per row",
             "one scale per output row: reduce over the input axis only.",
             kind=ShapeError,
         )
-    scale = scale.reshape(6, 1).float()
+    scale = scale.float()
     if torch.allclose(scale, scale[0].expand_as(scale)):
         fail(
             "every row has the same scale: that is per-tensor quantization",
@@ -205,9 +262,16 @@ def check_quantize_int8(fn: Callable[[Tensor], tuple[Tensor, Tensor]]) -> bool:
                 "errors reach a whole step (scale): the values were truncated",
                 "converting to int8 rounds toward zero: round to nearest first.",
             )
+        if ((w_int8.float() * w < 0) & (w.abs() > scale)).any():
+            fail(
+                "some codes have the opposite sign of their weight: they wrapped "
+                "around, because a value outside -128..127 was converted to int8",
+                "which integer does the largest |w| of a row become, and does it "
+                "fit in int8?",
+            )
         fail(
             f"max |w_int8 * scale - w| = {err.max():.3g} exceeds scale / 2",
-            "scale = max |row| / 127 and w_int8 = round(w / scale).",
+            "the step is scale: every weight must land within half a step of a code.",
         )
     check_close(scale, w.abs().amax(dim=1, keepdim=True) / 127, rtol=1e-4, name="scale")
     return passed("per-channel int8: one scale per row, error within half a step")

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from transformer_course.contrastive import contrastive_loss
 from transformer_course.exercises._common import (
     ShapeError,
     Tensor,
@@ -19,6 +20,8 @@ from transformer_course.exercises._common import (
     fail,
     passed,
 )
+from transformer_course.exercises._method import loops_over, own_code
+from transformer_course.vision import patchify
 
 
 def _loop_patches(images: Tensor, p: int) -> Tensor:
@@ -38,8 +41,10 @@ def check_patchify(fn: Callable[[Tensor, int], Tensor]) -> bool:
 
     Raises:
         CheckError: for a wrong shape, the plain ``reshape`` / ``view`` that cuts rows
-            into strips, a column-major patch order, or any other difference.
+            into strips, a column-major patch order, a loop over patches or images,
+            a call to the library's ``patchify``, or any other difference.
     """
+    fn = own_code(fn, patchify)
     images = torch.arange(2 * 8 * 12, dtype=torch.float32).reshape(2, 8, 12)
     want = _loop_patches(images, 4)  # (2, 6, 16)
     got = fn(images, 4)
@@ -52,6 +57,14 @@ def check_patchify(fn: Callable[[Tensor, int], Tensor]) -> bool:
             kind=ShapeError,
         )
     if torch.equal(got, want):
+        small, large = torch.zeros(1, 8, 8), torch.zeros(3, 16, 16)
+        if loops_over(fn, (small, 4), (large, 4)):
+            fail(
+                "your function runs more operations for more images or more patches: "
+                "it loops, which the exercise asks you not to do",
+                "one reshape gives each patch row, patch column and pixel its own "
+                "axis; one permute puts them in order.",
+            )
         return passed("square patches in row-major order")
     if torch.equal(got, images.reshape(2, -1, 16)):
         fail(
@@ -91,14 +104,30 @@ def check_clip_loss(fn: Callable[[Tensor, Tensor, float], Tensor]) -> bool:
     logit_scale)`` on (B, E) embeddings (not yet normalised) must return CLIP's loss.
 
     Raises:
-        CheckError: for a non-scalar result, missing L2 normalisation, a missing scale,
-            the one-sided loss (images to texts only), or any other difference.
+        CheckError: for a non-scalar result, inputs changed in place (``backward``
+            then fails in training), missing L2 normalisation or one over the batch
+            axis, a scale that is missing, divided by or exponentiated, the one-sided
+            loss (images to texts only), the two directions summed, not averaged, a
+            call to the library's ``contrastive_loss``, or any other difference.
     """
+    fn = own_code(fn, contrastive_loss)
     g = torch.Generator().manual_seed(8)
     img, txt = 3 * torch.randn(6, 5, generator=g), torch.randn(6, 5, generator=g)
     scale = 4.0
     want = _hand_loss(img, txt, scale)
-    got = fn(img, txt, scale)
+    img_in, txt_in = img.clone(), txt.clone()
+    versions = img_in._version, txt_in._version
+    got = fn(img_in, txt_in, scale)
+    if (img_in._version, txt_in._version) != versions or not (
+        torch.equal(img_in, img) and torch.equal(txt_in, txt)
+    ):
+        fail(
+            "your function changed its input embeddings in place (e.g. with /=): in "
+            "training, backward() then fails, because autograd needs the embeddings "
+            "as the encoders produced them",
+            "normalise into new tensors (x = x / ...), leaving the arguments as "
+            "they are.",
+        )
     if not isinstance(got, Tensor) or got.numel() != 1:
         fail(
             "expected a scalar loss tensor",
@@ -116,6 +145,11 @@ def check_clip_loss(fn: Callable[[Tensor, Tensor, float], Tensor]) -> bool:
     i, t = F.normalize(img, dim=-1), F.normalize(txt, dim=-1)
     one_sided = F.cross_entropy(scale * i @ t.T, labels)
     unscaled = (F.cross_entropy(i @ t.T, labels) + F.cross_entropy(t @ i.T, labels)) / 2
+
+    def both(logits: Tensor) -> Tensor:  # the two cross-entropies, not yet averaged
+        return F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)
+
+    i0, t0 = F.normalize(img, dim=0), F.normalize(txt, dim=0)
     for wrong, message, hint in (
         (unnorm, "the embeddings are not L2-normalised", "F.normalize(x, dim=-1)."),
         (
@@ -126,12 +160,48 @@ def check_clip_loss(fn: Callable[[Tensor, Tensor, float], Tensor]) -> bool:
         (
             unscaled,
             "the cosine similarities are not multiplied by logit_scale",
-            "logits = logit_scale * image @ text.T.",
+            "the scale multiplies the cosines before the softmax.",
+        ),
+        (
+            both(i @ t.T / scale) / 2,
+            "the cosine similarities are divided by logit_scale",
+            (
+                "logit_scale is the inverse of a temperature: a larger scale must make "
+                "the softmax sharper."
+            ),
+        ),
+        (
+            both(math.exp(scale) * i @ t.T) / 2,
+            "the cosines are multiplied by exp(logit_scale)",
+            (
+                "here logit_scale is the scale itself, not its logarithm (CLIP's code "
+                "stores the log and exponentiates it; this exercise passes the result)."
+            ),
+        ),
+        (
+            both(scale * i @ t.T),
+            (
+                f"loss = {got:.5f}, twice the expected {want:.5f}: the two directions are "
+                "added, not averaged"
+            ),
+            "the loss is the mean of the image-to-text and text-to-image terms.",
+        ),
+        (
+            both(scale * i0 @ t0.T) / 2,
+            (
+                "each embedding dimension was normalised over the batch (dim=0), not "
+                "each embedding over its features"
+            ),
+            (
+                "cosine similarity divides each row by its own length: which axis holds "
+                "one embedding's features?"
+            ),
         ),
     ):
         if math.isclose(got, float(wrong), rel_tol=1e-4):
             fail(message, hint)
     fail(
         f"loss = {got:.5f}, expected {want:.5f}",
-        "labels = torch.arange(B): pair i is the positive of row i and column i.",
+        "compute the loss of B = 2 pairs by hand: the normalised embeddings, the "
+        "scaled cosines, then each row's and each column's cross-entropy.",
     )

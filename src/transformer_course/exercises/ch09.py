@@ -13,6 +13,12 @@ from collections.abc import Callable
 
 import torch
 
+from transformer_course.distill import (
+    mean_pool,
+    nearest_neighbours,
+    neighbour_agreement,
+    soft_target_loss,
+)
 from transformer_course.exercises._common import (
     ShapeError,
     Tensor,
@@ -20,6 +26,7 @@ from transformer_course.exercises._common import (
     fail,
     passed,
 )
+from transformer_course.exercises._method import own_code
 
 
 def _loop_mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
@@ -37,9 +44,10 @@ def check_mean_pool(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
     (Reimers and Gurevych 2019).
 
     Raises:
-        CheckError: for a wrong shape (``ShapeError``), padding counted in the mean, or
-            any other difference.
+        CheckError: for a wrong shape (``ShapeError``), padding counted in the mean, a
+            call to the library's ``mean_pool``, or any other difference.
     """
+    fn = own_code(fn, mean_pool)
     gen = torch.Generator().manual_seed(9)
     hidden = torch.randn(4, 6, 5, generator=gen)
     mask = torch.tensor(
@@ -99,19 +107,28 @@ def check_neighbour_agreement(fn: Callable[[Tensor, Tensor], float]) -> bool:
 
     Raises:
         CheckError: for a result that is not a number (``ShapeError``), a row counted
-            as its own neighbour, dot products used instead of cosines, or any other
+            as its own neighbour (also by a diagonal filled with 0 rather than -inf),
+            dot products used instead of cosines, a count or a percentage instead of
+            a share, a call to the library's ``neighbour_agreement``, or any other
             difference.
     """
+    fn = own_code(fn, neighbour_agreement, nearest_neighbours)
     gen = torch.Generator().manual_seed(9)
     ref = torch.randn(30, 8, generator=gen)
     scaled = ref * torch.linspace(0.2, 5.0, 30)[:, None]  # same cosines, other norms
     noisy = ref + 0.8 * torch.randn(30, 8, generator=gen)
-    for emb, name in (
-        (ref, "the same embeddings"),
-        (scaled, "rescaled rows"),
-        (noisy, "noisy embeddings"),
+    gen = torch.Generator().manual_seed(1)
+    apart = torch.randn(10, 8, generator=gen)
+    apart[:, 0] += 4  # every row points along +e_0 ...
+    apart[0] = -apart[0]  # ... but row 0: its cosines with all the others are < 0
+    apart_noisy = apart + 0.5 * torch.randn(10, 8, generator=gen)
+    for emb, ref_, name in (
+        (ref, ref, "the same embeddings"),
+        (scaled, ref, "rescaled rows"),
+        (noisy, ref, "noisy embeddings"),
+        (apart_noisy, apart, "a row opposite all the others"),
     ):
-        got = fn(emb, ref)
+        got = fn(emb, ref_)
         if isinstance(got, Tensor) and got.numel() == 1:
             got = got.item()
         if not isinstance(got, (int, float)):
@@ -121,9 +138,23 @@ def check_neighbour_agreement(fn: Callable[[Tensor, Tensor], float]) -> bool:
                 "average the matches over the rows.",
                 kind=ShapeError,
             )
-        want = _loop_agreement(emb, ref)
+        want = _loop_agreement(emb, ref_)
         if math.isclose(got, want, abs_tol=1e-6):
             continue
+        for factor, what in ((len(emb), "a count of rows"), (100, "a percentage")):
+            if math.isclose(got, want * factor, abs_tol=1e-4):
+                fail(
+                    f"{name}: got {got:.3f}, expected {want:.3f}: that is {what}, "
+                    f"not a share",
+                    "return the fraction of rows that agree, a number between 0 and 1.",
+                )
+        if name == "a row opposite all the others":
+            fail(
+                f"{name}: got {got:.3f}, expected {want:.3f}: row 0, whose cosines "
+                "with every other row are negative, was matched to itself",
+                "a row's similarity with itself must lose against every other row: "
+                "what value does the diagonal need for that, whatever the cosines?",
+            )
         if math.isclose(got, 1.0) and name != "the same embeddings":
             fail(
                 f"{name}: got 1.0, expected {want:.3f}",
@@ -167,8 +198,10 @@ def check_soft_target_loss(fn: Callable[[Tensor, Tensor, float], Tensor]) -> boo
 
     Raises:
         CheckError: for a non-scalar result (``ShapeError``), the temperature on one
-            side only, swapped KL arguments, a missing T^2, or any other difference.
+            side only, swapped KL arguments, a missing T^2, a call to the library's
+            ``soft_target_loss``, or any other difference.
     """
+    fn = own_code(fn, soft_target_loss)
     gen = torch.Generator().manual_seed(9)
     s, t = torch.randn(6, 10, generator=gen), 2 * torch.randn(6, 10, generator=gen)
     for T in (1.0, 2.0, 5.0):
