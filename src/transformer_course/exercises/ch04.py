@@ -31,7 +31,8 @@ def check_sinusoidal_encoding(fn: Callable[[int, int], Tensor]) -> bool:
 
     Raises:
         CheckError: naming a crash on odd d_model, sines and cosines swapped or in two
-            halves, a wrong exponent, or the first wrong value.
+            halves, a wrong exponent or its sign, positions from 1, a call to the
+            library's ``sinusoidal_encoding``, or the first wrong value.
     """
     fn = own_code(fn, sinusoidal_encoding)
     for max_len, d in ((10, 4), (50, 16), (10, 5), (7, 1)):
@@ -74,6 +75,22 @@ def check_sinusoidal_encoding(fn: Callable[[int, int], Tensor]) -> bool:
                     "w_i = 10000 ** (-2 * i / d_model) for pair i; the exponent of "
                     "column 2i is that column index over d_model.",
                 )
+            if torch.allclose(
+                out, sinusoidal_encoding(max_len + 1, d)[1:].double(), atol=1e-5
+            ):
+                fail(
+                    "row 0 holds position 1: your positions start at 1",
+                    "the first token is at position 0; its row is sin 0, cos 0, ... "
+                    "= 0, 1, 0, 1, ...",
+                )
+            grows = pos * 10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+            if torch.allclose(out[:, 0::2], grows.sin(), atol=1e-5):
+                fail(
+                    "your frequencies grow with the column: the exponent's sign is "
+                    "positive",
+                    "w_i must shrink from 1 (column 0) towards 1/10000: the "
+                    "wavelengths get longer across the table.",
+                )
         check_close(out, ref, atol=1e-5, name=f"fn({max_len}, {d})")
     return passed("sinusoidal table right for d_model = 4, 16, 5 (odd) and 1")
 
@@ -85,8 +102,9 @@ def check_rotary_half(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
     (x_i, x_{i + d/2}) by positions * 10000^(-2i / d).
 
     Raises:
-        CheckError: naming the interleaved pairing, a reversed rotation, a changed norm,
-            or the first wrong value.
+        CheckError: naming the interleaved pairing, a reversed rotation, no rotation,
+            ignored positions, the exponent i / d, a changed norm, a call to the
+            library's ``apply_rotary``, or the first wrong value.
     """
     fn = own_code(fn, apply_rotary)
     gen = torch.Generator().manual_seed(40)
@@ -110,6 +128,33 @@ def check_rotary_half(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
             fail(
                 "the rotation runs backwards (by -pos * theta_i)",
                 "first half: x1 * cos - x2 * sin; second half: x1 * sin + x2 * cos.",
+            )
+        if torch.allclose(out, x, atol=1e-6):
+            fail(
+                "the output equals the input: nothing was rotated",
+                "every pair (x_i, x_{i + d/2}) turns by its own angle; build the cos "
+                "and sin of those angles and mix the two halves with them.",
+            )
+        if offset and torch.allclose(
+            out, apply_rotary(x, positions - offset, layout="half"), atol=1e-5
+        ):
+            fail(
+                f"with positions {positions.tolist()} your output is the rotation "
+                f"for positions 0..{shape[-2] - 1}: the positions argument is ignored",
+                "the angle of row t comes from positions[t], not from t.",
+            )
+        half = shape[-1] // 2
+        theta = 10000.0 ** (-torch.arange(half, dtype=torch.float64) / shape[-1])
+        angle = positions[:, None].double() * theta
+        x1, x2 = x[..., :half].double(), x[..., half:].double()
+        slow = torch.cat(
+            (x1 * angle.cos() - x2 * angle.sin(), x1 * angle.sin() + x2 * angle.cos()),
+            -1,
+        )
+        if torch.allclose(out.double(), slow, atol=1e-5):
+            fail(
+                "the frequencies use i / d, not 2i / d (pair i turns too slowly)",
+                "theta_i = 10000 ** (-2 * i / d) for pair i = 0 .. d/2 - 1.",
             )
         if not torch.allclose(out.norm(dim=-1), x.norm(dim=-1), atol=1e-4):
             fail(
@@ -138,7 +183,7 @@ def check_new_token_positions(fn: Callable[[Tensor, int], Tensor]) -> bool:
     keep_left = torch.tensor(
         [[False, False, True, True, True, True], [True, True, True, True, True, True]]
     )
-    for keep, n_new in ((keep_full, 3), (keep_full, 1), (keep_left, 2)):
+    for keep, n_new in ((keep_left, 2), (keep_full, 3), (keep_full, 1)):
         out = fn(keep, n_new)
         check_shape(out, (keep.shape[0], n_new), "positions")
         if out.dtype.is_floating_point or out.dtype == torch.bool:
@@ -153,7 +198,8 @@ def check_new_token_positions(fn: Callable[[Tensor, int], Tensor]) -> bool:
         if torch.equal(out.long(), ref):
             continue
         counted = (keep.long().cumsum(-1) - 1).clamp(min=0)
-        if n_new < keep.shape[1] and torch.equal(out.long(), counted[:, :n_new]):
+        first = (counted[:, :n_new], keep.long().cumsum(-1)[:, :n_new] - 1)
+        if n_new < keep.shape[1] and any(torch.equal(out.long(), f) for f in first):
             fail(
                 f"the {n_new} new token(s) got positions {out[0].tolist()}: those of "
                 f"the first {n_new} token(s) of the text, expected {ref[0].tolist()}",
@@ -175,8 +221,26 @@ def check_new_token_positions(fn: Callable[[Tensor, int], Tensor]) -> bool:
                 "count real tokens only: keep.cumsum(-1) - 1, then the last n_new "
                 "columns.",
             )
+        if torch.equal(out.long(), counted[:, -n_new:] + 1):
+            fail(
+                f"positions {out.tolist()}, expected {ref.tolist()}: one too high, "
+                "the count of real tokens starts at 1",
+                "the first real token is at position 0.",
+            )
+        by_batch = keep.long().cumsum(0) - 1
+        padding = (~keep).long().cumsum(-1) - 1
+        if torch.equal(out.long(), by_batch[:, -n_new:]) or torch.equal(
+            out.long(), padding[:, -n_new:]
+        ):
+            fail(
+                f"positions {out.tolist()}, expected {ref.tolist()} (keep = "
+                f"{keep.int().tolist()}, n_new = {n_new}): you counted along the "
+                "batch axis or counted the padding",
+                "count, within each row, the real tokens (True) before each token.",
+            )
         fail(
             f"positions {out.tolist()}, expected {ref.tolist()} "
-            f"(keep = {keep.int().tolist()}, n_new = {n_new})"
+            f"(keep = {keep.int().tolist()}, n_new = {n_new})",
+            "a token's position is the number of real tokens before it in its row.",
         )
     return passed("new tokens get their absolute positions, with and without padding")

@@ -55,10 +55,32 @@ def check_noam_lr(fn: Callable[[int, int, int], float]) -> bool:
                     f"{want:.3g}: max instead of min",
                     "the rate is the smaller of the rising and the decaying branch.",
                 )
+            value = f"fn({step}, {d_model}, {warmup}) = {got:.6g}, expected {want:.6g}"
+            for factor, message, hint in (
+                (
+                    d_model,
+                    "the d_model factor is upside down (d_model ** +0.5)",
+                    "a larger model must get a smaller rate.",
+                ),
+                (
+                    math.sqrt(warmup),
+                    "off by a factor sqrt(warmup) at every step",
+                    "write both branches with warmup in them and check that they meet "
+                    "at step = warmup.",
+                ),
+                (
+                    warmup if step < warmup else math.nan,
+                    "the rising branch is off by a factor warmup",
+                    "at step = warmup the rising branch must equal the decaying one, "
+                    "warmup ** -0.5.",
+                ),
+            ):
+                if math.isclose(got, want * factor, rel_tol=1e-6):
+                    fail(f"{value}: {message}", hint)
             fail(
-                f"fn({step}, {d_model}, {warmup}) = {got:.6g}, expected {want:.6g}",
-                "rising branch step * warmup ** -1.5, decaying branch step ** -0.5; "
-                "they meet at step = warmup.",
+                value,
+                "compute both branches at step = warmup // 2 and step = 2 * warmup by "
+                "hand: the rate is the smaller one.",
             )
     return passed("the warmup schedule matches equation (3) at 15 points")
 
@@ -119,11 +141,52 @@ def check_label_smoothed_loss(fn: Callable[..., Tensor]) -> bool:
                 "the smoothing mass is spread over the V - 1 wrong tokens",
                 "PyTorch spreads eps / V over all V tokens, the right one included.",
             )
+        value = f"loss = {got.item():.5f}, expected {want.item():.5f}"
+        p = logits.softmax(-1)
+        q_y = -eps / v * (logp.sum(-1) + nll)  # eps / V on every token but the target
+        wrong = (
+            (
+                per_pos[keep].sum() / n,
+                "the sum over the real positions is divided by all N positions, "
+                "padding included",
+                "average over the positions that count, and only those.",
+            ),
+            (
+                ((1 - eps) * -p.gather(1, target[:, None])[:, 0] - eps / v * p.sum(-1))[
+                    keep
+                ].mean(),
+                "probabilities are used where log-probabilities belong",
+                "cross-entropy weighs log p, not p.",
+            ),
+            (
+                ((1 - eps) * nll + q_y)[keep].mean(),
+                "the target token misses its own eps / V share",
+                "q puts eps / V on every token, the target included, on top of its "
+                "1 - eps.",
+            ),
+            (
+                (per_pos / v)[keep].mean(),
+                "the loss is averaged over the V tokens, not summed",
+                "a cross-entropy sums q_v log p_v over the vocabulary.",
+            ),
+        )
+        for loss, message, hint in wrong:
+            if eps > 0 and torch.allclose(got, loss, atol=1e-5):
+                fail(f"{value}: {message}", hint)
+        logp0 = logits.log_softmax(0)
+        nll0 = -logp0.gather(1, target[:, None])[:, 0]
+        if torch.allclose(
+            got, ((1 - eps) * nll0 - eps / v * logp0.sum(-1))[keep].mean()
+        ):
+            fail(
+                f"{value}: the log-softmax ran over the positions (dim=0), not the "
+                "vocabulary",
+                "each position's probabilities sum to 1 over the V tokens.",
+            )
         fail(
-            f"loss = {got.item():.5f}, expected {want.item():.5f} (N={n}, V={v}, "
-            f"eps={eps})",
-            "-(1 - eps) * log p[target] - eps / V * sum(log p), averaged over "
-            "positions whose target is not pad_id.",
+            f"{value} (N={n}, V={v}, eps={eps})",
+            "compute q for one position by hand: it must sum to 1, with 1 - eps + "
+            "eps / V on the target.",
         )
     return passed("label-smoothed loss equals nn.CrossEntropyLoss on 3 random batches")
 
