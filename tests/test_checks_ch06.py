@@ -32,9 +32,7 @@ def _smoothed(
         n, v = logits.shape
         logp = logits.log_softmax(dim) if log else logits.softmax(dim)
         q = torch.full_like(logp, eps / (v - 1 if spread else v))
-        if spread:
-            q.scatter_(1, target[:, None], 0.0)
-        elif not target_share:
+        if spread or not target_share:
             q.scatter_(1, target[:, None], 0.0)
         q = q + (1 - eps) * F.one_hot(target, v)
         per_pos = -(q * logp)

@@ -65,14 +65,18 @@ def check_noam_lr(fn: Callable[[int, int, int], float]) -> bool:
                 (
                     math.sqrt(warmup),
                     "off by a factor sqrt(warmup) at every step",
-                    "write both branches with warmup in them and check that they meet "
-                    "at step = warmup.",
+                    (
+                        "write both branches with warmup in them and check that they meet "
+                        "at step = warmup."
+                    ),
                 ),
                 (
                     warmup if step < warmup else math.nan,
                     "the rising branch is off by a factor warmup",
-                    "at step = warmup the rising branch must equal the decaying one, "
-                    "warmup ** -0.5.",
+                    (
+                        "at step = warmup the rising branch must equal the decaying one, "
+                        "warmup ** -0.5."
+                    ),
                 ),
             ):
                 if math.isclose(got, want * factor, rel_tol=1e-6):
@@ -147,8 +151,10 @@ def check_label_smoothed_loss(fn: Callable[..., Tensor]) -> bool:
         wrong = (
             (
                 per_pos[keep].sum() / n,
-                "the sum over the real positions is divided by all N positions, "
-                "padding included",
+                (
+                    "the sum over the real positions is divided by all N positions, "
+                    "padding included"
+                ),
                 "average over the positions that count, and only those.",
             ),
             (
@@ -161,8 +167,10 @@ def check_label_smoothed_loss(fn: Callable[..., Tensor]) -> bool:
             (
                 ((1 - eps) * nll + q_y)[keep].mean(),
                 "the target token misses its own eps / V share",
-                "q puts eps / V on every token, the target included, on top of its "
-                "1 - eps.",
+                (
+                    "q puts eps / V on every token, the target included, on top of its "
+                    "1 - eps."
+                ),
             ),
             (
                 (per_pos / v)[keep].mean(),
