@@ -30,6 +30,13 @@ def softmax_no_rescale(x, block):
     return torch.exp(x - m) / l
 
 
+def softmax_no_max_shift(x, block):
+    l = x.new_tensor(0.0)
+    for j in range(0, len(x), block):
+        l = l + torch.exp(x[j : j + block]).sum()
+    return torch.exp(x) / l
+
+
 def softmax_nan_on_masked_block(x, block):
     m, l = x.new_tensor(float("-inf")), x.new_tensor(0.0)
     for j in range(0, len(x), block):
@@ -52,8 +59,29 @@ def streaming(q, k, v, block, rescale_output=True):
     return acc / l
 
 
+def online(x, block):  # the chapter's solution
+    m, l = x.new_tensor(float("-inf")), x.new_tensor(0.0)
+    for j in range(0, len(x), block):
+        m_new = torch.maximum(m, x[j : j + block].max())
+        if torch.isinf(m_new):
+            continue
+        l = l * torch.exp(m - m_new) + torch.exp(x[j : j + block] - m_new).sum()
+        m = m_new
+    return torch.zeros_like(x) if l == 0 else torch.exp(x - m) / l
+
+
+def repeat_heads(x, n_rep):
+    B, H, S, d = x.shape
+    return x[:, :, None].expand(B, H, n_rep, S, d).reshape(B, H * n_rep, S, d)
+
+
+def quantize(w):
+    scale = w.abs().amax(dim=1, keepdim=True) / 127
+    return torch.round(w / scale).to(torch.int8), scale
+
+
 def test_online_softmax_check(capsys):
-    assert check_online_softmax(lambda x, b: online_softmax(x, b)[0])
+    assert check_online_softmax(online)
     assert check_online_softmax(stub) is False
     assert "not attempted yet" in capsys.readouterr().out
     with pytest.raises(CheckError, match="not rescaled"):
@@ -61,7 +89,7 @@ def test_online_softmax_check(capsys):
     with pytest.raises(CheckError, match="all -inf gives NaN"):
         check_online_softmax.strict(softmax_nan_on_masked_block)
     with pytest.raises(CheckError, match="overflow"):
-        check_online_softmax.strict(lambda x, b: torch.exp(x) / torch.exp(x).sum())
+        check_online_softmax.strict(softmax_no_max_shift)
 
 
 def test_streaming_attention_check():
@@ -74,7 +102,7 @@ def test_streaming_attention_check():
 
 
 def test_repeat_kv_check():
-    assert check_repeat_kv(repeat_kv)
+    assert check_repeat_kv(repeat_heads)
     assert check_repeat_kv(stub) is False
     with pytest.raises(CheckError, match="tiled"):
         check_repeat_kv.strict(lambda x, n: x.repeat(1, n, 1, 1))
@@ -83,7 +111,7 @@ def test_repeat_kv_check():
 
 
 def test_quantize_int8_check():
-    assert check_quantize_int8(quantize_int8)
+    assert check_quantize_int8(quantize)
     assert check_quantize_int8(stub) is False
 
     def per_tensor(w):
@@ -95,7 +123,7 @@ def test_quantize_int8_check():
         return (w / scale).to(torch.int8), scale
 
     def no_int8(w):
-        w_int8, scale = quantize_int8(w)
+        w_int8, scale = quantize(w)
         return w_int8.float(), scale
 
     with pytest.raises(CheckError, match="per-tensor"):
@@ -104,3 +132,116 @@ def test_quantize_int8_check():
         check_quantize_int8.strict(truncating)
     with pytest.raises(CheckError, match="torch.int8"):
         check_quantize_int8.strict(no_int8)
+
+
+# ------------------------------------------- the learner trial of 2026-12-01, chapter 7
+
+
+def _per_block_max_never_corrected(x, block):
+    m, l, parts = float("-inf"), 0.0, []
+    for j in range(0, len(x), block):
+        m_new = max(m, x[j : j + block].max().item())
+        l = l * math.exp(m - m_new) + torch.exp(x[j : j + block] - m_new).sum().item()
+        parts.append(torch.exp(x[j : j + block] - m_new))
+        m = m_new
+    return torch.cat(parts) / l
+
+
+def _streaming_variant(*, factor="old", scale=True, per_block=False):
+    def fn(q, k, v, block):
+        s = k @ q / (math.sqrt(q.shape[0]) if scale else 1.0)
+        if per_block:
+            outs = [
+                torch.softmax(s[j : j + block], 0) @ v[j : j + block]
+                for j in range(0, len(s), block)
+            ]
+            return torch.stack(outs).mean(0)
+        m, l, acc = -math.inf, 0.0, torch.zeros(v.shape[1])
+        for j in range(0, len(s), block):
+            m_new = max(m, s[j : j + block].max().item())
+            p = torch.exp(s[j : j + block] - m_new)
+            alpha = math.exp(m - m_new) if factor == "old" else math.exp(m_new - m)
+            l = l * alpha + p.sum().item()
+            acc = acc * alpha + p @ v[j : j + block]
+            m = m_new
+        return acc / l
+
+    return fn
+
+
+def _two_pass(q, k, v, block):
+    s = k @ q / math.sqrt(q.shape[0])
+    w = torch.exp(s - s.max())
+    return w / w.sum() @ v
+
+
+def _heads_loop(x, n_rep):
+    return torch.cat(
+        [x[:, h : h + 1].expand(-1, n_rep, -1, -1) for h in range(x.shape[1])], 1
+    )
+
+
+def _scale_1d(w):
+    scale = w.abs().amax(dim=1) / 127  # (d_out,)
+    return torch.round(w / scale[:, None]).to(torch.int8), scale
+
+
+def _no_clamp_128(w):
+    scale = w.abs().amax(dim=1, keepdim=True) / 128
+    return torch.round(w / scale).to(torch.int8), scale
+
+
+def _per_column(w):
+    scale = w.abs().amax(dim=0, keepdim=True) / 127
+    return torch.round(w / scale).to(torch.int8), scale
+
+
+TRIAL = [
+    (check_online_softmax, softmax_no_rescale, "not rescaled"),
+    (check_online_softmax, softmax_no_max_shift, "overflowed"),
+    (check_online_softmax, lambda x, b: torch.exp(x) / torch.exp(x).sum(), "sum()"),
+    (check_online_softmax, softmax_nan_on_masked_block, "all -inf gives NaN"),
+    (check_online_softmax, _per_block_max_never_corrected, "never corrected"),
+    (
+        check_online_softmax,
+        lambda x, b: torch.softmax(x, 0).nan_to_num(0),
+        "reads all 10 scores together",
+    ),
+    (check_online_softmax, lambda x, b: online_softmax(x, b)[0], "calls the library's"),
+    (
+        check_streaming_attention,
+        lambda q, k, v, b: streaming(q, k, v, b, rescale_output=False),
+        "partial output is not rescaled",
+    ),
+    (check_streaming_attention, _streaming_variant(factor="new"), "Which way round"),
+    (check_streaming_attention, _streaming_variant(scale=False), "1/sqrt(d)"),
+    (check_streaming_attention, _streaming_variant(per_block=True), "average"),
+    (check_streaming_attention, _two_pass, "reads all 12 scores together"),
+    (check_repeat_kv, lambda x, n: x.repeat(1, n, 1, 1), "tiled"),
+    (check_repeat_kv, lambda x, n: torch.cat([x] * n, 1), "tiled"),
+    (
+        check_repeat_kv,
+        lambda x, n: x[:, None].expand(-1, n, -1, -1, -1).flatten(1, 2),
+        "tiled",
+    ),
+    (check_repeat_kv, lambda x, n: x.repeat_interleave(n, dim=2), "dimension 1"),
+    (check_repeat_kv, _heads_loop, "loops over the heads"),
+    (check_repeat_kv, repeat_kv, "calls the library's"),
+    (check_quantize_int8, _per_column, "one per row"),
+    (check_quantize_int8, _no_clamp_128, "wrapped around"),
+    (check_quantize_int8, _scale_1d, "(6,)"),
+    (check_quantize_int8, quantize_int8, "calls the library's"),
+]
+
+
+@pytest.mark.parametrize(
+    "check, wrong, message", TRIAL, ids=[str(i) for i in range(len(TRIAL))]
+)
+def test_each_trial_mistake_of_chapter_7_gets_its_own_message(
+    check, wrong, message, capsys
+):
+    assert check(wrong) is False
+    printed = capsys.readouterr().out
+    assert message in printed and "Hint: " in printed, printed
+    assert "Traceback" not in printed
+    assert len(printed.strip().splitlines()) == 2, printed

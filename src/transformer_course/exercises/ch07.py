@@ -13,6 +13,7 @@ from transformer_course.exercises._common import (
     Tensor,
     check_close,
     check_shape,
+    close,
     exercise_check,
     fail,
     passed,
@@ -38,6 +39,18 @@ def _read_at_once(calls: list, block: int, size: int) -> None:
             "keep only a running maximum m and a running sum l, and update both "
             "from one block of scores at a time.",
         )
+
+
+def _softmax_never_corrected(x: Tensor, block: int) -> Tensor:
+    """Each block exponentiated against the running maximum at its time, the sum
+    rescaled correctly: the early weights are too large."""
+    m, l, parts = float("-inf"), 0.0, []
+    for j in range(0, len(x), block):
+        m_new = max(m, x[j : j + block].max().item())
+        l = l * math.exp(m - m_new) + torch.exp(x[j : j + block] - m_new).sum().item()
+        parts.append(torch.exp(x[j : j + block] - m_new))
+        m = m_new
+    return torch.cat(parts) / l
 
 
 def _softmax_no_rescale(x: Tensor, block: int) -> Tensor:
@@ -79,6 +92,13 @@ def check_online_softmax(fn: Callable[[Tensor, int], Tensor]) -> bool:
                 "was not rescaled when the running maximum grew",
                 "when a block raises the maximum from m to m_new, multiply the sum so "
                 "far by exp(m - m_new) before adding the new block's exp(x - m_new).",
+            )
+        if block < len(x) and close(w, _softmax_never_corrected(x, block)):
+            fail(
+                f"with block={block} each block's weights use the running maximum of "
+                "their own time, never corrected when a later block raised it",
+                "the weights are computed once, at the end, from the final maximum "
+                "and the final sum.",
             )
         check_close(w, ref, name=f"weights (block={block})")
     big = x * 10 + 1000.0
@@ -152,6 +172,22 @@ def check_streaming_attention(fn: Callable[..., Tensor]) -> bool:
                 "the partial output is not rescaled when the running maximum grows",
                 "acc holds sum exp(s_j - m) v_j for the OLD m: multiply it by "
                 "exp(m - m_new), exactly like the running sum l.",
+            )
+        if close(out, torch.softmax(k @ q, 0) @ v):
+            fail(
+                "your output is softmax(k q) v: the scores miss the 1/sqrt(d) scale",
+                "the buggy code scales the scores; keep that line as it is.",
+            )
+        per_block = [
+            torch.softmax(k[j : j + block] @ q / math.sqrt(d), 0) @ v[j : j + block]
+            for j in range(0, s, block)
+        ]
+        if block < s and close(out, torch.stack(per_block).mean(0)):
+            fail(
+                "your output is the average of each block's own attention: blocks "
+                "with few or weak keys weigh as much as the others",
+                "one softmax runs over all S keys: carry the running maximum, sum "
+                "and output across blocks instead of finishing each block apart.",
             )
         check_close(
             out,
