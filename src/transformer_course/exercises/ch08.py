@@ -73,6 +73,12 @@ def check_patchify(fn: Callable[[Tensor, int], Tensor]) -> bool:
             "a square patch takes p pixels from each of p rows: give the rows and "
             "the columns their own patch and within-patch axes before flattening.",
         )
+    if torch.equal(got, _loop_patches(images.transpose(1, 2), 4)):
+        fail(
+            "your patches are the squares of the transposed image: the height and "
+            "width axes were swapped",
+            "images are (B, H, W): the first spatial axis is the rows.",
+        )
     same_set = all(any(torch.equal(a, b) for b in want[0]) for a in got[0])
     if same_set:
         fail(

@@ -75,6 +75,22 @@ def check_mean_pool(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
             "the padded tokens are averaged in too",
             "row 2 of the test batch has one real token: its mean is that token.",
         )
+    summed = (hidden * mask[..., None]).sum(1)  # (B, D)
+    for count, message in (
+        (mask.shape[1], "divided by S, the padded length, not by the real tokens"),
+        (mask.sum(), "divided by the real tokens of the whole batch, not of the row"),
+    ):
+        if torch.allclose(got, summed / count, atol=1e-5):
+            fail(
+                f"the sum of the real tokens is {message}",
+                "each sentence is averaged over its own real tokens.",
+            )
+    inverted = _loop_mean_pool(hidden[1:], ~mask[1:])
+    if torch.allclose(got[1:], inverted, atol=1e-5):
+        fail(
+            "the mask is inverted: your mean is over the padding, not the real tokens",
+            "True in the mask marks a real token.",
+        )
     fail(
         "the pooled vectors differ from the mean of the real tokens",
         "compare fn(hidden, mask)[1] with hidden[1, :3].mean(0) (three real tokens).",
@@ -97,6 +113,14 @@ def _loop_agreement(emb: Tensor, ref: Tensor) -> float:
 
     same = [a == b for a, b in zip(neighbours(emb), neighbours(ref))]
     return sum(same) / len(same)
+
+
+def _farthest_agreement(emb: Tensor, ref: Tensor) -> float:
+    def farthest(x: Tensor) -> Tensor:
+        x = torch.nn.functional.normalize(x.double(), dim=-1)
+        return (x @ x.T).fill_diagonal_(math.inf).argmin(-1)
+
+    return (farthest(emb) == farthest(ref)).double().mean().item()
 
 
 @exercise_check
@@ -167,6 +191,12 @@ def check_neighbour_agreement(fn: Callable[[Tensor, Tensor], float]) -> bool:
                 "rescaling a row does not change its direction: which similarity "
                 "ignores the length of the vectors?",
             )
+        if math.isclose(got, _farthest_agreement(emb, ref_), abs_tol=1e-6):
+            fail(
+                f"{name}: got {got:.3f}, expected {want:.3f}: that is the agreement "
+                "of the least similar rows",
+                "a neighbour is the row with the largest cosine similarity.",
+            )
         fail(
             f"{name}: got {got:.3f}, expected {want:.3f}",
             "find each row's most similar other row under emb and under ref, then "
@@ -233,8 +263,56 @@ def check_soft_target_loss(fn: Callable[[Tensor, Tensor, float], Tensor]) -> boo
                 f"T = {T}: got {got:.4f}, expected {want:.4f}: T^2 is missing",
                 "the gradient shrinks like 1 / T^2; what undoes that in the loss?",
             )
+        value = f"T = {T}: got {got:.4f}, expected {want:.4f}"
+        p_t = torch.softmax(t.double() / T, -1)
+        log_q = torch.log_softmax(s.double() / T, -1)
+        entropy = -(p_t * p_t.log()).sum(-1).mean().item()
+        per_entry = (p_t * (p_t.log() - log_q)).mean().item()
+        for wrong, message, hint in (
+            (
+                want / T,
+                "the loss is multiplied by T, not T^2",
+                "the gradient of the softened loss shrinks like 1 / T^2.",
+            ),
+            (
+                T * T * -(p_t * torch.log_softmax(s.double(), -1)).sum(-1).mean().item()
+                - T * T * entropy,
+                "the student is not softened",
+                "both distributions are taken at the same temperature.",
+            ),
+            (
+                want + T * T * entropy,
+                (
+                    "that is the cross-entropy: it includes the teacher's entropy, which "
+                    "KL subtracts"
+                ),
+                "KL(p || q) = sum p (log p - log q).",
+            ),
+            (
+                T * T * per_entry,
+                (
+                    "the KL was averaged over every entry (reduction='mean'), not summed "
+                    "over the classes"
+                ),
+                (
+                    "average over rows only: sum over the classes first (PyTorch's "
+                    "'batchmean')."
+                ),
+            ),
+        ):
+            if math.isclose(got, wrong, rel_tol=1e-4):
+                fail(f"{value}: {message}", hint)
+        p0 = torch.softmax(t.double() / T, 0)
+        kl0 = (p0 * (p0.log() - torch.log_softmax(s.double() / T, 0))).sum(0)
+        if math.isclose(got, T * T * kl0.mean().item(), rel_tol=1e-4) or math.isclose(
+            got, T * T * kl0.sum().item() / len(s), rel_tol=1e-4
+        ):
+            fail(
+                f"{value}: the softmax ran over the batch (dim=0), not the classes",
+                "each row's distribution sums to 1 over its classes.",
+            )
         fail(
-            f"T = {T}: got {got:.4f}, expected {want:.4f}",
+            value,
             "at T = 1 compare with the KL divergence of the two plain softmaxes.",
         )
     return passed("the soft-target loss matches Hinton et al. at T = 1, 2, 5")
