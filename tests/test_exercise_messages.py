@@ -221,3 +221,20 @@ def test_a_crash_in_the_learners_code_shows_only_the_learners_frames(capsys):
     assert "in attention" in printed and "transformer_course" not in printed
     with pytest.raises(RuntimeError):
         check_dot_product_attention.strict(attention)
+
+
+def test_a_crash_inside_pytorch_shows_the_learners_line(capsys):
+    """Regression (learner trial 2026-12-01, finding 5): an error raised deep inside
+    PyTorch used to show only PyTorch's frames; the learner's own line comes first."""
+    from transformer_course.exercises import check_teacher_forcing_loss
+
+    def no_flatten(model, src, tgt, criterion):
+        logits = model(src, tgt[:, :-1])
+        return criterion(logits, tgt[:, 1:])  # (B, T, V) logits: the learner's line
+
+    assert check_teacher_forcing_loss(no_flatten) is False
+    printed = capsys.readouterr().out
+    assert printed.startswith("✗ no_flatten raised RuntimeError")
+    assert "in no_flatten" in printed and "return criterion(logits" in printed
+    assert "raised inside PyTorch" in printed and "in cross_entropy" in printed
+    assert "torch/nn/" not in printed  # PyTorch's frames themselves are not listed
