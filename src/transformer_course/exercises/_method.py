@@ -13,13 +13,18 @@ the right numbers, so the checks also watch the call:
   larger batch) and ``whole_row_reductions`` a softmax or maximum over more entries
   than one block.
 
-Each check lists its library functions in ``check.library`` (dotted names), which the
-instructor's re-check also reads.
+Where the function runs in another process (the instructor's re-check calls it
+through a proxy), nothing can be watched; the proxy then carries the notebook's code as
+``__learner_source__`` and ``own_code`` reads it instead (``library_use``: the imports
+and the names the function's body uses, resolved statically).
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import functools
+import importlib
 import sys
 from collections.abc import Callable
 
@@ -43,6 +48,11 @@ def own_code(fn: Callable, *library: Callable) -> Callable:
     Only the learner's call is watched, not the check's own use of the library."""
     codes = {f.__code__: qualified_name(f) for f in library}
     name = getattr(fn, "__name__", "function")
+    source = getattr(fn, "__learner_source__", None)
+    if source is not None:  # runs elsewhere: read the notebook's code instead
+        used = library_use(source, name, library)
+        if used:
+            _refuse(name, used)
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
@@ -59,15 +69,109 @@ def own_code(fn: Callable, *library: Callable) -> Callable:
         finally:
             sys.setprofile(previous)
         if used:
-            fail(
-                f"your {name} calls the library's {used[0]}: the exercise asks you to "
-                "write that computation yourself",
-                "the chapter imports the library version only to compare with; "
-                "build the result from torch operations in your own function.",
-            )
+            _refuse(name, used[0])
         return result
 
     return call
+
+
+def _refuse(name: str, used: str) -> None:
+    fail(
+        f"your {name} calls the library's {used}: the exercise asks you to write "
+        "that computation yourself",
+        "the chapter imports the library version only to compare with; build the "
+        "result from torch operations in your own function.",
+    )
+
+
+def _dotted(node: ast.AST) -> str | None:
+    """``a.b.c`` for a Name/Attribute chain, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
+
+
+def _resolve(dotted: str):
+    """The object a dotted name like "transformer_course.distill.mean_pool" names."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        with contextlib.suppress(ImportError, ValueError, AttributeError):
+            obj = importlib.import_module(".".join(parts[:cut]))
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+            return obj
+    return None
+
+
+def library_use(source: str, name: str, library: tuple[Callable, ...]) -> str | None:
+    """Read, without running it, the notebook code ``source``: the dotted name of the
+    one of ``library`` that ``name`` is bound to (``from transformer_course.distill
+    import mean_pool as my_mean_pool``, ``my_mean_pool = distill.mean_pool``) or that
+    its body, or a top-level function its body calls, refers to; None otherwise."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    aliases: dict[str, str] = {}  # local name -> dotted name it stands for
+    stars: list[str] = []  # modules imported with *
+    bound: dict[str, ast.AST] = {}  # top-level name -> its def or assigned value
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                aliases[a.asname or a.name.split(".")[0]] = (
+                    a.name if a.asname else a.name.split(".")[0]
+                )
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                if a.name == "*":
+                    stars.append(node.module)
+                else:
+                    aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            bound[node.name] = node
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    bound[target.id] = node.value
+    wanted = {id(f): qualified_name(f) for f in library}
+
+    def found(dotted: str | None) -> str | None:
+        if not dotted:
+            return None
+        head, _, rest = dotted.partition(".")
+        heads = [aliases[head]] if head in aliases else [f"{m}.{head}" for m in stars]
+        for full in heads:
+            obj = _resolve(full + ("." + rest if rest else ""))
+            if id(obj) in wanted:
+                return wanted[id(obj)]
+        return None
+
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        hit = found(current)
+        if hit:
+            return hit
+        node = bound.get(current)
+        if node is None:
+            continue
+        for sub in ast.walk(node):
+            if isinstance(sub, (ast.Name, ast.Attribute)):
+                dotted = _dotted(sub)
+                hit = found(dotted)
+                if hit:
+                    return hit
+                if isinstance(sub, ast.Name) and sub.id in bound:
+                    todo.append(sub.id)
+    return None
 
 
 class _Recorder(TorchFunctionMode):
