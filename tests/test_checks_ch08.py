@@ -4,8 +4,6 @@ fails with the message that names its mistake (``check.strict``) and returns Fal
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -32,9 +30,13 @@ def _patches(images, p):  # the chapter's solution
     return x.reshape(B, -1, p * p)
 
 
-def _clip(img, txt, scale):  # a learner's own, right
+def _scale(log_scale):
+    return log_scale.exp().clamp(max=100.0)
+
+
+def _clip(img, txt, log_scale):  # a learner's own, right
     i, t = F.normalize(img, dim=-1), F.normalize(txt, dim=-1)
-    logits = scale * i @ t.T
+    logits = _scale(log_scale) * i @ t.T
     labels = torch.arange(len(img))
     return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
 
@@ -52,9 +54,9 @@ def test_patchify_check(quiet_check):
     assert quiet_check(check_patchify, _column_major) is False
 
 
-def _unnormalised(img, txt, scale):
+def _unnormalised(img, txt, log_scale):
     labels = torch.arange(len(img))
-    logits = scale * img @ txt.T
+    logits = _scale(log_scale) * img @ txt.T
     return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
 
 
@@ -64,31 +66,31 @@ def test_clip_loss_check(quiet_check):
         check_clip_loss.strict(_one_sided)
     with pytest.raises(CheckError, match="not L2-normalised"):
         check_clip_loss.strict(_unnormalised)
-    with pytest.raises(CheckError, match="logit_scale"):
-        check_clip_loss.strict(lambda i, t, s: _clip(i, t, 1.0))
+    with pytest.raises(CheckError, match="not multiplied by the scale"):
+        check_clip_loss.strict(lambda i, t, s: _clip(i, t, torch.tensor(0.0)))
     with pytest.raises(ShapeError, match="scalar"):
         check_clip_loss.strict(
             lambda i, t, s: F.normalize(i, dim=-1) @ F.normalize(t, dim=-1).T
         )
     with pytest.raises(CheckError, match="expected"):  # the scale applied twice
-        check_clip_loss.strict(lambda i, t, s: _clip(i, t, s * s))
+        check_clip_loss.strict(lambda i, t, s: _clip(i, t, 2 * s))
     assert quiet_check(check_clip_loss, _unnormalised) is False
 
 
 # ------------------------------------------- the learner trial of 2026-12-01, chapter 8
 
 
-def _one_sided(img, txt, scale):
+def _one_sided(img, txt, log_scale):
     i, t = F.normalize(img, dim=-1), F.normalize(txt, dim=-1)
-    return F.cross_entropy(scale * i @ t.T, torch.arange(len(img)))
+    return F.cross_entropy(_scale(log_scale) * i @ t.T, torch.arange(len(img)))
 
 
 def _clip_variant(
     *, logits_of, combine=lambda a, b: (a + b) / 2, dim=-1, second_t=True
 ):
-    def fn(img, txt, scale):
+    def fn(img, txt, log_scale):
         i, t = F.normalize(img, dim=dim), F.normalize(txt, dim=dim)
-        logits = logits_of(i @ t.T, scale)
+        logits = logits_of(i @ t.T, log_scale)
         labels = torch.arange(len(img))
         second = logits.T if second_t else logits
         return combine(F.cross_entropy(logits, labels), F.cross_entropy(second, labels))
@@ -96,10 +98,10 @@ def _clip_variant(
     return fn
 
 
-def _in_place(img, txt, scale):
+def _in_place(img, txt, log_scale):
     img /= img.norm(dim=-1, keepdim=True)
     txt /= txt.norm(dim=-1, keepdim=True)
-    logits = scale * img @ txt.T
+    logits = _scale(log_scale) * img @ txt.T
     labels = torch.arange(len(img))
     return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
 
@@ -141,21 +143,30 @@ TRIAL = [
     (check_clip_loss, _one_sided, "image-to-text"),
     (
         check_clip_loss,
-        _clip_variant(logits_of=lambda c, s: s * c, second_t=False),
+        _clip_variant(logits_of=lambda c, s: _scale(s) * c, second_t=False),
         "image-to-text",
     ),
-    (check_clip_loss, _clip_variant(logits_of=lambda c, s: c / s), "divided by"),
+    (check_clip_loss, _clip_variant(logits_of=lambda c, s: c / _scale(s)), "divided"),
     (
         check_clip_loss,
-        _clip_variant(logits_of=lambda c, s: math.exp(s) * c),
-        "exp(logit_scale)",
+        _clip_variant(logits_of=lambda c, s: s * c),
+        "used as the scale itself",
     ),
     (
         check_clip_loss,
-        _clip_variant(logits_of=lambda c, s: s * c, combine=lambda a, b: a + b),
+        _clip_variant(logits_of=lambda c, s: s.exp() * c),
+        "not clipped at 100",
+    ),
+    (
+        check_clip_loss,
+        _clip_variant(logits_of=lambda c, s: _scale(s) * c, combine=lambda a, b: a + b),
         "added, not averaged",
     ),
-    (check_clip_loss, _clip_variant(logits_of=lambda c, s: s * c, dim=0), "dim=0"),
+    (
+        check_clip_loss,
+        _clip_variant(logits_of=lambda c, s: _scale(s) * c, dim=0),
+        "dim=0",
+    ),
     (check_clip_loss, _in_place, "in place"),
     (check_clip_loss, contrastive_loss, "calls the library's"),
 ]
@@ -178,4 +189,4 @@ def test_in_place_normalisation_really_breaks_training():
     """The reason the check refuses it: backward through an in-place division fails."""
     leaf = torch.randn(4, 3, requires_grad=True)
     with pytest.raises(RuntimeError, match="inplace"):
-        _in_place(leaf * 1, torch.randn(4, 3), 2.0).backward()
+        _in_place(leaf * 1, torch.randn(4, 3), torch.tensor(0.7)).backward()

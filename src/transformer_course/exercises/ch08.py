@@ -104,26 +104,41 @@ def _hand_loss(img: Tensor, txt: Tensor, scale: float) -> float:
     return total / (2 * B)
 
 
+MAX_SCALE = 100.0  # CLIP clips the logit scale at 100 (Radford et al. 2021, 2.5)
+
+
 @exercise_check
-def check_clip_loss(fn: Callable[[Tensor, Tensor, float], Tensor]) -> bool:
-    """Chapter 8, exercise "the symmetric InfoNCE loss": ``fn(image_emb, text_emb,
-    logit_scale)`` on (B, E) embeddings (not yet normalised) must return CLIP's loss.
+def check_clip_loss(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> bool:
+    """Chapter 8, exercise "InfoNCE with CLIP's learned temperature": ``fn(image_emb,
+    text_emb, log_scale)`` on (B, E) embeddings (not yet normalised) and the learned
+    parameter as CLIP stores it, the log of the logit scale (a 0-d tensor), must return
+    CLIP's symmetric loss with the scale exp(log_scale) clipped at 100 (Radford et al.
+    2021, figure 3 and section 2.5).
 
     Raises:
         CheckError: for a non-scalar result, inputs changed in place (``backward``
             then fails in training), missing L2 normalisation or one over the batch
-            axis, a scale that is missing, divided by or exponentiated, the one-sided
-            loss (images to texts only), the two directions summed, not averaged, a
-            call to the library's ``contrastive_loss``, or any other difference.
+            axis, log_scale used as the scale, a scale that is not clipped, missing or
+            divided by, the one-sided loss (images to texts only), the two directions
+            summed, not averaged, a call to the library's ``contrastive_loss``, or any
+            other difference.
     """
     fn = own_code(fn, contrastive_loss)
     g = torch.Generator().manual_seed(8)
     img, txt = 3 * torch.randn(6, 5, generator=g), torch.randn(6, 5, generator=g)
-    scale = 4.0
+    for log_scale in (math.log(4.0), 5.0):  # scale 4, and exp(5) = 148 clipped to 100
+        _check_clip_once(fn, img, txt, log_scale)
+    return passed(
+        "symmetric InfoNCE on normalised embeddings, scale exp(log_scale) clipped at 100"
+    )
+
+
+def _check_clip_once(fn, img: Tensor, txt: Tensor, log_scale: float) -> None:
+    scale = min(math.exp(log_scale), MAX_SCALE)
     want = _hand_loss(img, txt, scale)
     img_in, txt_in = img.clone(), txt.clone()
     versions = img_in._version, txt_in._version
-    got = fn(img_in, txt_in, scale)
+    got = fn(img_in, txt_in, torch.tensor(log_scale))
     if (img_in._version, txt_in._version) != versions or not (
         torch.equal(img_in, img) and torch.equal(txt_in, txt)
     ):
@@ -142,72 +157,75 @@ def check_clip_loss(fn: Callable[[Tensor, Tensor, float], Tensor]) -> bool:
         )
     got = float(got)
     if math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-5):
-        return passed("symmetric InfoNCE on normalised embeddings, scaled")
-    labels = torch.arange(6)
-    unnorm = (
-        F.cross_entropy(scale * img @ txt.T, labels)
-        + F.cross_entropy(scale * txt @ img.T, labels)
-    ) / 2
+        return
+    value = f"log_scale = {log_scale:.3f}: loss = {got:.5f}, expected {want:.5f}"
+    if math.isclose(got, _hand_loss(img, txt, log_scale), rel_tol=1e-4):
+        fail(
+            f"{value}: log_scale was used as the scale itself",
+            "CLIP learns the log of the scale, so that it stays positive: "
+            "exponentiate it first.",
+        )
+    if scale < math.exp(log_scale) and math.isclose(
+        got, _hand_loss(img, txt, math.exp(log_scale)), rel_tol=1e-4
+    ):
+        fail(
+            f"{value}: the scale exp({log_scale:g}) = {math.exp(log_scale):.1f} was "
+            "not clipped at 100",
+            "CLIP clips the scale so that training stays stable: the largest scale "
+            "it allows is 100.",
+        )
+    labels = torch.arange(len(img))
     i, t = F.normalize(img, dim=-1), F.normalize(txt, dim=-1)
-    one_sided = F.cross_entropy(scale * i @ t.T, labels)
-    unscaled = (F.cross_entropy(i @ t.T, labels) + F.cross_entropy(t @ i.T, labels)) / 2
 
     def both(logits: Tensor) -> Tensor:  # the two cross-entropies, not yet averaged
         return F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)
 
     i0, t0 = F.normalize(img, dim=0), F.normalize(txt, dim=0)
     for wrong, message, hint in (
-        (unnorm, "the embeddings are not L2-normalised", "F.normalize(x, dim=-1)."),
         (
-            one_sided,
+            both(scale * img @ txt.T) / 2,
+            "the embeddings are not L2-normalised",
+            "F.normalize(x, dim=-1).",
+        ),
+        (
+            F.cross_entropy(scale * i @ t.T, labels),
             "only the image-to-text direction is scored",
             "add the cross-entropy of logits.T (texts choosing images) and halve.",
         ),
         (
-            unscaled,
-            "the cosine similarities are not multiplied by logit_scale",
+            both(i @ t.T) / 2,
+            "the cosine similarities are not multiplied by the scale",
             "the scale multiplies the cosines before the softmax.",
         ),
         (
             both(i @ t.T / scale) / 2,
-            "the cosine similarities are divided by logit_scale",
+            "the cosine similarities are divided by the scale",
             (
-                "logit_scale is the inverse of a temperature: a larger scale must make "
-                "the softmax sharper."
-            ),
-        ),
-        (
-            both(math.exp(scale) * i @ t.T) / 2,
-            "the cosines are multiplied by exp(logit_scale)",
-            (
-                "here logit_scale is the scale itself, not its logarithm (CLIP's code "
-                "stores the log and exponentiates it; this exercise passes the result)."
+                "the scale is the inverse of a temperature: a larger scale must "
+                "make the softmax sharper."
             ),
         ),
         (
             both(scale * i @ t.T),
-            (
-                f"loss = {got:.5f}, twice the expected {want:.5f}: the two directions are "
-                "added, not averaged"
-            ),
+            f"{value}, twice the expected: the two directions are added, not averaged",
             "the loss is the mean of the image-to-text and text-to-image terms.",
         ),
         (
             both(scale * i0 @ t0.T) / 2,
             (
-                "each embedding dimension was normalised over the batch (dim=0), not "
-                "each embedding over its features"
+                "each embedding dimension was normalised over the batch (dim=0), "
+                "not each embedding over its features"
             ),
             (
-                "cosine similarity divides each row by its own length: which axis holds "
-                "one embedding's features?"
+                "cosine similarity divides each row by its own length: which axis "
+                "holds one embedding's features?"
             ),
         ),
     ):
         if math.isclose(got, float(wrong), rel_tol=1e-4):
             fail(message, hint)
     fail(
-        f"loss = {got:.5f}, expected {want:.5f}",
+        value,
         "compute the loss of B = 2 pairs by hand: the normalised embeddings, the "
         "scaled cosines, then each row's and each column's cross-entropy.",
     )
