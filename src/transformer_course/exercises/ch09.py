@@ -222,14 +222,16 @@ def _hand_soft_loss(
 
 @exercise_check
 def check_soft_target_loss(fn: Callable[[Tensor, Tensor, float], Tensor]) -> bool:
-    """Chapter 9, exercise "find the bug: soft targets": ``fn(student_logits,
+    """Chapter 9, exercise "find the bug: a confident teacher": ``fn(student_logits,
     teacher_logits, T)`` must return T^2 KL(softmax(t / T) || softmax(s / T)),
-    averaged over rows (Hinton et al. 2015, section 2).
+    averaged over rows (Hinton et al. 2015, section 2), finite also when a teacher
+    probability underflows in float32 (teacher logits [0, 60, 120] at T = 1).
 
     Raises:
         CheckError: for a non-scalar result (``ShapeError``), the temperature on one
-            side only, swapped KL arguments, a missing T^2, a call to the library's
-            ``soft_target_loss``, or any other difference.
+            side only, swapped KL arguments, a missing T^2, NaN from log 0 for a
+            confident teacher, a call to the library's ``soft_target_loss``, or any
+            other difference.
     """
     fn = own_code(fn, soft_target_loss)
     gen = torch.Generator().manual_seed(9)
@@ -315,4 +317,23 @@ def check_soft_target_loss(fn: Callable[[Tensor, Tensor, float], Tensor]) -> boo
             value,
             "at T = 1 compare with the KL divergence of the two plain softmaxes.",
         )
-    return passed("the soft-target loss matches Hinton et al. at T = 1, 2, 5")
+    s, t = torch.randn(2, 3, generator=gen), torch.tensor([[0.0, 60.0, 120.0]] * 2)
+    got, want = fn(s, t, 1.0), _hand_soft_loss(s, t, 1.0)
+    if not math.isfinite(float(got)):
+        fail(
+            f"teacher logits [0, 60, 120] at T = 1: got {float(got)}, expected "
+            f"{want:.4f}: a teacher probability underflows to 0 in float32, and "
+            "0 * log 0 is NaN",
+            "the term of a class with p = 0 is 0; which function gives log p without "
+            "ever forming p?",
+        )
+    if not math.isclose(float(got), want, rel_tol=1e-4):
+        fail(
+            f"teacher logits [0, 60, 120] at T = 1: got {float(got):.4f}, expected "
+            f"{want:.4f}",
+            "a class whose teacher probability is 0 must add nothing to the loss.",
+        )
+    return passed(
+        "the soft-target loss matches Hinton et al. at T = 1, 2, 5, and stays finite "
+        "for a confident teacher"
+    )
