@@ -75,9 +75,24 @@ def repeat_heads(x, n_rep):
     return x[:, :, None].expand(B, H, n_rep, S, d).reshape(B, H * n_rep, S, d)
 
 
-def quantize(w):
-    scale = w.abs().amax(dim=1, keepdim=True) / 127
-    return torch.round(w / scale).to(torch.int8), scale
+def quantize(w, group):  # the chapter's solution
+    d_out, d_in = w.shape
+    blocks = w.reshape(d_out, d_in // group, group)
+    scale = blocks.abs().amax(dim=-1, keepdim=True) / 127
+    w_int8 = torch.round(blocks / scale).clamp(-127, 127).to(torch.int8)
+    return w_int8.reshape(d_out, d_in), scale.squeeze(-1)
+
+
+def _groupwise(quantize_blocks):
+    """A per-block recipe ``quantize_blocks(blocks) -> (codes, scale)`` over
+    (d_out, n_groups, group) blocks, made to take ``(w, group)``."""
+
+    def fn(w, group):
+        d_out, d_in = w.shape
+        codes, scale = quantize_blocks(w.reshape(d_out, d_in // group, group))
+        return codes.reshape(d_out, d_in), scale.squeeze(-1)
+
+    return fn
 
 
 def test_online_softmax_check(capsys):
@@ -114,16 +129,20 @@ def test_quantize_int8_check():
     assert check_quantize_int8(quantize)
     assert check_quantize_int8(stub) is False
 
-    def per_tensor(w):
-        scale = w.abs().max() / 127 * torch.ones(w.shape[0], 1)
-        return torch.round(w / scale).to(torch.int8), scale
+    def per_tensor(w, group):
+        n_groups = w.shape[1] // group
+        scale = w.abs().max() / 127 * torch.ones(w.shape[0], n_groups)
+        return torch.round(w / w.abs().max() * 127).to(torch.int8), scale
 
-    def truncating(w):
-        scale = w.abs().amax(dim=1, keepdim=True) / 127
-        return (w / scale).to(torch.int8), scale
+    truncating = _groupwise(
+        lambda b: (
+            (b / (b.abs().amax(-1, keepdim=True) / 127)).to(torch.int8),
+            b.abs().amax(-1, keepdim=True) / 127,
+        )
+    )
 
-    def no_int8(w):
-        w_int8, scale = quantize(w)
+    def no_int8(w, group):
+        w_int8, scale = quantize(w, group)
         return w_int8.float(), scale
 
     with pytest.raises(CheckError, match="per-tensor"):
@@ -181,17 +200,25 @@ def _heads_loop(x, n_rep):
     )
 
 
-def _scale_1d(w):
-    scale = w.abs().amax(dim=1) / 127  # (d_out,)
-    return torch.round(w / scale[:, None]).to(torch.int8), scale
-
-
-def _no_clamp_128(w):
-    scale = w.abs().amax(dim=1, keepdim=True) / 128
+def _per_row(w, group):  # the page's recipe: the groups are ignored
+    scale = w.abs().amax(dim=1, keepdim=True) / 127
     return torch.round(w / scale).to(torch.int8), scale
 
 
-def _per_column(w):
+def _scale_1d(w, group):
+    w_int8, scale = _per_row(w, group)
+    return w_int8, scale[:, 0]  # (d_out,)
+
+
+_no_clamp_128 = _groupwise(
+    lambda b: (
+        torch.round(b / (b.abs().amax(-1, keepdim=True) / 128)).to(torch.int8),
+        b.abs().amax(-1, keepdim=True) / 128,
+    )
+)
+
+
+def _per_column(w, group):
     scale = w.abs().amax(dim=0, keepdim=True) / 127
     return torch.round(w / scale).to(torch.int8), scale
 
@@ -227,10 +254,11 @@ TRIAL = [
     (check_repeat_kv, lambda x, n: x.repeat_interleave(n, dim=2), "dimension 1"),
     (check_repeat_kv, _heads_loop, "loops over the heads"),
     (check_repeat_kv, repeat_kv, "calls the library's"),
-    (check_quantize_int8, _per_column, "one per row"),
+    (check_quantize_int8, _per_column, "one per group"),
+    (check_quantize_int8, _per_row, "groups were ignored"),
     (check_quantize_int8, _no_clamp_128, "wrapped around"),
     (check_quantize_int8, _scale_1d, "(6,)"),
-    (check_quantize_int8, quantize_int8, "calls the library's"),
+    (check_quantize_int8, lambda w, g: quantize_int8(w), "calls the library's"),
 ]
 
 

@@ -240,74 +240,89 @@ def check_repeat_kv(fn: Callable[[Tensor, int], Tensor]) -> bool:
 
 
 @exercise_check
-def check_quantize_int8(fn: Callable[[Tensor], tuple[Tensor, Tensor]]) -> bool:
-    """Chapter 7, exercise "int8 by hand": ``fn(weight)`` with weight (d_out, d_in)
-    must return ``(w_int8, scale)``: int8 (d_out, d_in) and scale (d_out, 1), one
-    scale per output row = max |row| / 127, values rounded to nearest, so that
-    ``w_int8 * scale`` is within scale / 2 of ``weight``.
+def check_quantize_int8(fn: Callable[[Tensor, int], tuple[Tensor, Tensor]]) -> bool:
+    """Chapter 7, exercise "int8 in groups": ``fn(weight, group)`` with weight
+    (d_out, d_in), d_in a multiple of group, must return ``(w_int8, scale)``: int8
+    (d_out, d_in) and scale (d_out, d_in // group), one symmetric scale per group of
+    ``group`` consecutive weights of a row = max |group| / 127, values rounded to
+    nearest, so that every weight is within half its group's step of its code times
+    that step (the blocks of llama.cpp's formats, chapter 10; group = d_in is the
+    per-row int8 of the chapter).
 
     Raises:
-        CheckError: naming a wrong dtype or shape (a 1-D scale included: ``w_int8 *
-            scale`` would then scale columns), one scale for the whole matrix,
-            truncation instead of rounding, codes that wrapped around, a call to the
-            library's ``quantize_int8``, or an error larger than scale / 2.
+        CheckError: naming a wrong dtype or shape (one scale per row where groups are
+            asked for, a 1-D scale), one scale for the whole matrix, truncation instead
+            of rounding, codes that wrapped around, a call to the library's
+            ``quantize_int8``, or an error larger than half a step.
     """
     fn = own_code(fn, quantize_int8)
     gen = torch.Generator().manual_seed(10)
-    w = torch.randn(6, 32, generator=gen) * torch.logspace(-2, 1, 6)[:, None]
-    result = fn(w.clone())
+    rows = torch.logspace(-2, 1, 6)[:, None]  # rows of very different sizes ...
+    cols = torch.logspace(-1, 1, 4).repeat_interleave(8)  # ... and groups within a row
+    w = torch.randn(6, 32, generator=gen) * rows * cols
+    for group in (8, 32, 4):
+        _check_groups_once(fn, w, group)
+    return passed("int8 in groups: one scale per group, error within half a step")
+
+
+def _check_groups_once(fn, w: Tensor, group: int) -> None:
+    d_out, d_in = w.shape
+    n_groups = d_in // group
+    result = fn(w.clone(), group)
     if not (isinstance(result, tuple) and len(result) == 2):
         fail(
             "expected fn to return a tuple (w_int8, scale)",
-            "return both the int8 weights and the per-row scales.",
+            "return both the int8 weights and the scales.",
             kind=ShapeError,
         )
     w_int8, scale = result
-    check_shape(w_int8, (6, 32), "w_int8")
+    check_shape(w_int8, (d_out, d_in), "w_int8")
     if w_int8.dtype != torch.int8:
         fail(
             f"w_int8 has dtype {w_int8.dtype}, expected torch.int8",
             "the last step converts to the 8-bit integer type.",
             kind=ShapeError,
         )
-    if tuple(scale.shape) == (6,):
+    if not isinstance(scale, Tensor) or tuple(scale.shape) != (d_out, n_groups):
+        got = tuple(scale.shape) if isinstance(scale, Tensor) else type(scale).__name__
+        per_row = n_groups > 1 and got == (d_out, 1)
         fail(
-            "scale has shape (6,), expected (6, 1): a 1-D scale broadcasts along the "
-            "last axis, so w_int8 * scale multiplies columns, not rows (for this "
-            "6 x 32 matrix it raises; for a square one it is silently wrong)",
-            "keep the reduced axis when you take the maximum of each row.",
-            kind=ShapeError,
-        )
-    if tuple(scale.shape) != (6, 1):
-        fail(
-            f"scale has shape {tuple(scale.shape)}, expected (6, 1): one per row",
-            "one scale per output row: reduce over the input axis only.",
+            f"group = {group}: scale has shape {got}, expected {(d_out, n_groups)}: "
+            + (
+                "one scale per row, so the groups were ignored"
+                if per_row
+                else f"one per group of {group} weights in each of the {d_out} rows"
+            ),
+            "view each row as (d_in // group, group) and reduce over the last axis "
+            "only.",
             kind=ShapeError,
         )
     scale = scale.float()
-    if torch.allclose(scale, scale[0].expand_as(scale)):
+    if torch.allclose(scale, scale.flatten()[0].expand_as(scale)):
         fail(
-            "every row has the same scale: that is per-tensor quantization",
-            "small rows then round to 0; compute max |w| per output row (dim=1).",
+            "every group has the same scale: that is per-tensor quantization",
+            "small groups then round to 0; take the maximum of each group.",
         )
-    recon = w_int8.float() * scale
-    err = (recon - w).abs()
-    if (err > scale / 2 + 1e-6).any():
-        if (err < scale + 1e-6).all():
+    step = scale.repeat_interleave(group, dim=1)  # (d_out, d_in): each weight's step
+    err = (w_int8.float() * step - w).abs()
+    if (err > step / 2 + 1e-6).any():
+        if ((w_int8.float() * w < 0) & (w.abs() > step)).any():
+            fail(
+                "some codes have the opposite sign of their weight: they wrapped "
+                "around, because a value outside -128..127 was converted to int8",
+                "which integer does the largest |w| of a group become, and does it "
+                "fit in int8?",
+            )
+        if (err < step + 1e-6).all():
             fail(
                 "errors reach a whole step (scale): the values were truncated",
                 "converting to int8 rounds toward zero: round to nearest first.",
             )
-        if ((w_int8.float() * w < 0) & (w.abs() > scale)).any():
-            fail(
-                "some codes have the opposite sign of their weight: they wrapped "
-                "around, because a value outside -128..127 was converted to int8",
-                "which integer does the largest |w| of a row become, and does it "
-                "fit in int8?",
-            )
         fail(
-            f"max |w_int8 * scale - w| = {err.max():.3g} exceeds scale / 2",
-            "the step is scale: every weight must land within half a step of a code.",
+            f"group = {group}: max |w_int8 * scale - w| = {err.max():.3g} exceeds "
+            "half a step",
+            "the step of a group is its scale: every weight must land within half a "
+            "step of a code.",
         )
-    check_close(scale, w.abs().amax(dim=1, keepdim=True) / 127, rtol=1e-4, name="scale")
-    return passed("per-channel int8: one scale per row, error within half a step")
+    want = w.reshape(d_out, n_groups, group).abs().amax(-1) / 127
+    check_close(scale, want, rtol=1e-4, name=f"scale (group = {group})")
