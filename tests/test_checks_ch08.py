@@ -19,15 +19,15 @@ from transformer_course.vision import patchify
 
 
 def _column_major(images, p):
-    B, H, W = images.shape
-    x = images.reshape(B, H // p, p, W // p, p).permute(0, 3, 1, 2, 4)
-    return x.reshape(B, -1, p * p)  # patches top to bottom, then left to right
+    B, C, H, W = images.shape
+    x = images.reshape(B, C, H // p, p, W // p, p).permute(0, 4, 2, 1, 3, 5)
+    return x.reshape(B, -1, C * p * p)  # patches top to bottom, then left to right
 
 
 def _patches(images, p):  # the chapter's solution
-    B, H, W = images.shape
-    x = images.reshape(B, H // p, p, W // p, p).permute(0, 1, 3, 2, 4)
-    return x.reshape(B, -1, p * p)
+    B, C, H, W = images.shape
+    x = images.reshape(B, C, H // p, p, W // p, p).permute(0, 2, 4, 1, 3, 5)
+    return x.reshape(B, -1, C * p * p)
 
 
 def _scale(log_scale):
@@ -43,8 +43,8 @@ def _clip(img, txt, log_scale):  # a learner's own, right
 
 def test_patchify_check(quiet_check):
     assert quiet_check(check_patchify, _patches) is True
-    with pytest.raises(CheckError, match="strip"):  # the tutorial's plain view
-        check_patchify.strict(lambda x, p: x.reshape(x.shape[0], -1, p * p))
+    with pytest.raises(CheckError, match="memory order"):  # the plain view
+        check_patchify.strict(lambda x, p: x.reshape(x.shape[0], -1, 3 * p * p))
     with pytest.raises(CheckError, match="wrong order"):
         check_patchify.strict(_column_major)
     with pytest.raises(ShapeError, match="shape"):
@@ -107,10 +107,10 @@ def _in_place(img, txt, log_scale):
 
 
 def _patch_loop(images, p):
-    B, H, W = images.shape
+    B, C, H, W = images.shape
     return torch.stack(
         [
-            images[:, r : r + p, c : c + p].reshape(B, p * p)
+            images[:, :, r : r + p, c : c + p].reshape(B, C * p * p)
             for r in range(0, H, p)
             for c in range(0, W, p)
         ],
@@ -118,25 +118,32 @@ def _patch_loop(images, p):
     )
 
 
+def _channels_last(images, p):
+    B, C, H, W = images.shape
+    x = images.reshape(B, C, H // p, p, W // p, p).permute(0, 2, 4, 3, 5, 1)
+    return x.reshape(B, -1, C * p * p)
+
+
 def _pixels_transposed(images, p):
-    B, H, W = images.shape
-    x = images.reshape(B, H // p, p, W // p, p).permute(0, 1, 3, 4, 2)
-    return x.reshape(B, -1, p * p)
+    B, C, H, W = images.shape
+    x = images.reshape(B, C, H // p, p, W // p, p).permute(0, 2, 4, 1, 5, 3)
+    return x.reshape(B, -1, C * p * p)
 
 
 def _rows_split_the_other_way(images, p):
-    B, H, W = images.shape
-    x = images.reshape(B, p, H // p, W // p, p).permute(0, 2, 3, 1, 4)
-    return x.reshape(B, -1, p * p)
+    B, C, H, W = images.shape
+    x = images.reshape(B, C, p, H // p, W // p, p).permute(0, 3, 4, 1, 2, 5)
+    return x.reshape(B, -1, C * p * p)
 
 
 TRIAL = [
-    (check_patchify, lambda x, p: x.view(x.shape[0], -1, p * p), "strip"),
-    (check_patchify, lambda x, p: x.reshape(x.shape[0], -1, p * p), "strip"),
+    (check_patchify, lambda x, p: x.view(x.shape[0], -1, 3 * p * p), "memory order"),
+    (check_patchify, lambda x, p: x.reshape(x.shape[0], -1, p * p), "shape"),
     (check_patchify, _column_major, "wrong order"),
+    (check_patchify, _channels_last, "channels last"),
     (check_patchify, _pixels_transposed, "differ from the squares"),
     (check_patchify, _rows_split_the_other_way, "differ from the squares"),
-    (check_patchify, lambda x, p: _patches(x.transpose(1, 2), p), "transposed image"),
+    (check_patchify, lambda x, p: _patches(x.transpose(2, 3), p), "transposed image"),
     (check_patchify, _patch_loop, "it loops"),
     (check_patchify, patchify, "calls the library's"),
     (check_clip_loss, _unnormalised, "not L2-normalised"),

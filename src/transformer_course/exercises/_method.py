@@ -66,6 +66,10 @@ def own_code(fn: Callable, *library: Callable) -> Callable:
         sys.setprofile(profile)
         try:
             result = fn(*args, **kwargs)
+        except Exception:
+            if used:  # the library raised on what it was given: say what was called
+                _refuse(name, used[0])
+            raise
         finally:
             sys.setprofile(previous)
         if used:

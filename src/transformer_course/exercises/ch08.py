@@ -24,40 +24,50 @@ from transformer_course.exercises._method import loops_over, own_code
 from transformer_course.vision import patchify
 
 
-def _loop_patches(images: Tensor, p: int) -> Tensor:
-    B, H, W = images.shape
-    out = [
-        images[:, r * p : (r + 1) * p, c * p : (c + 1) * p].reshape(B, p * p)
-        for r in range(H // p)
-        for c in range(W // p)
-    ]
-    return torch.stack(out, dim=1)  # (B, N, p * p)
+def _loop_patches(images: Tensor, p: int, channels_last: bool = False) -> Tensor:
+    """(B, C, H, W) -> (B, N, C * p * p), each patch flattened as (C, p, p), or as
+    (p, p, C) with ``channels_last``."""
+    B, _, H, W = images.shape
+    out = []
+    for r in range(H // p):
+        for c in range(W // p):
+            patch = images[
+                :, :, r * p : (r + 1) * p, c * p : (c + 1) * p
+            ]  # (B, C, p, p)
+            out.append(
+                (patch.permute(0, 2, 3, 1) if channels_last else patch).reshape(B, -1)
+            )
+    return torch.stack(out, dim=1)  # (B, N, C * p * p)
 
 
 @exercise_check
 def check_patchify(fn: Callable[[Tensor, int], Tensor]) -> bool:
-    """Chapter 8, exercise "find the bug: patchify": ``fn(images, p)`` must turn
-    (B, H, W) images into (B, N, p * p) square patches, row-major patch order.
+    """Chapter 8, exercise "find the bug: patchify colour images": ``fn(images, p)``
+    must turn (B, C, H, W) images into (B, N, C * p * p) square patches in row-major
+    patch order, each patch flattened as (C, p, p), the order of a ``Conv2d(C, D, p,
+    stride=p)`` patch embedding's weight (Dosovitskiy et al. 2021, section 3.1).
 
     Raises:
         CheckError: for a wrong shape, the plain ``reshape`` / ``view`` that cuts rows
-            into strips, a column-major patch order, a loop over patches or images,
-            a call to the library's ``patchify``, or any other difference.
+            into strips, a column-major patch order, channels last inside a patch, the
+            height and width swapped, a loop over patches or images, a call to the
+            library's ``patchify``, or any other difference.
     """
     fn = own_code(fn, patchify)
-    images = torch.arange(2 * 8 * 12, dtype=torch.float32).reshape(2, 8, 12)
-    want = _loop_patches(images, 4)  # (2, 6, 16)
+    images = torch.arange(2 * 3 * 8 * 12, dtype=torch.float32).reshape(2, 3, 8, 12)
+    want = _loop_patches(images, 4)  # (2, 6, 48)
     got = fn(images, 4)
     if not isinstance(got, Tensor) or got.shape != want.shape:
         shape = tuple(got.shape) if isinstance(got, Tensor) else type(got).__name__
         fail(
-            f"expected a tensor of shape {tuple(want.shape)} (B, N, p * p), got "
+            f"expected a tensor of shape {tuple(want.shape)} (B, N, C * p * p), got "
             f"{shape}",
-            "N = (H / p) * (W / p) patches of p * p pixels each.",
+            "N = (H / p) * (W / p) patches, each holding p * p pixels of all C "
+            "channels.",
             kind=ShapeError,
         )
     if torch.equal(got, want):
-        small, large = torch.zeros(1, 8, 8), torch.zeros(3, 16, 16)
+        small, large = torch.zeros(1, 3, 8, 8), torch.zeros(3, 3, 16, 16)
         if loops_over(fn, (small, 4), (large, 4)):
             fail(
                 "your function runs more operations for more images or more patches: "
@@ -65,19 +75,28 @@ def check_patchify(fn: Callable[[Tensor, int], Tensor]) -> bool:
                 "one reshape gives each patch row, patch column and pixel its own "
                 "axis; one permute puts them in order.",
             )
-        return passed("square patches in row-major order")
-    if torch.equal(got, images.reshape(2, -1, 16)):
+        return passed("square colour patches in row-major order, flattened (C, p, p)")
+    if torch.equal(got, images.reshape(2, -1, 48)):
         fail(
-            "each 'patch' is 16 consecutive pixels of one image row (a strip), not a "
-            "4 x 4 square: a reshape keeps the memory order of the pixels",
-            "a square patch takes p pixels from each of p rows: give the rows and "
-            "the columns their own patch and within-patch axes before flattening.",
+            "each 'patch' is 48 consecutive numbers in memory (pixel rows of one "
+            "channel), not a 4 x 4 square of all 3 channels: a reshape keeps the "
+            "memory order",
+            "a square patch takes p pixels from each of p rows, in every channel: "
+            "give the rows and the columns their own patch and within-patch axes "
+            "before flattening.",
         )
-    if torch.equal(got, _loop_patches(images.transpose(1, 2), 4)):
+    if torch.equal(got, _loop_patches(images, 4, channels_last=True)):
+        fail(
+            "the right squares in the right order, but each patch is flattened "
+            "(p, p, C), channels last",
+            "the exercise asks for (C, p, p), the order of a Conv2d patch "
+            "embedding's weight: the channel axis goes first within a patch.",
+        )
+    if torch.equal(got, _loop_patches(images.transpose(2, 3), 4)):
         fail(
             "your patches are the squares of the transposed image: the height and "
             "width axes were swapped",
-            "images are (B, H, W): the first spatial axis is the rows.",
+            "images are (B, C, H, W): the first spatial axis is the rows.",
         )
     same_set = all(any(torch.equal(a, b) for b in want[0]) for a in got[0])
     if same_set:
@@ -87,7 +106,7 @@ def check_patchify(fn: Callable[[Tensor, int], Tensor]) -> bool:
         )
     fail(
         "the patches differ from the squares of the image",
-        "compare fn(x, 4)[0, 0] with x[0, :4, :4].flatten().",
+        "compare fn(x, 4)[0, 0] with x[0, :, :4, :4].flatten().",
     )
 
 
