@@ -41,93 +41,86 @@ def _read_at_once(calls: list, block: int, size: int) -> None:
         )
 
 
-def _softmax_never_corrected(x: Tensor, block: int) -> Tensor:
-    """Each block exponentiated against the running maximum at its time, the sum
-    rescaled correctly: the early weights are too large."""
-    m, l, parts = float("-inf"), 0.0, []
-    for j in range(0, len(x), block):
-        m_new = max(m, x[j : j + block].max().item())
-        l = l * math.exp(m - m_new) + torch.exp(x[j : j + block] - m_new).sum().item()
-        parts.append(torch.exp(x[j : j + block] - m_new))
-        m = m_new
-    return torch.cat(parts) / l
-
-
-def _softmax_no_rescale(x: Tensor, block: int) -> Tensor:
-    """The classic online-softmax bug: the running sum is not rescaled when the
-    running maximum grows."""
-    m, l = float("-inf"), 0.0
-    for j in range(0, len(x), block):
-        m = max(m, x[j : j + block].max().item())
-        l = l + torch.exp(x[j : j + block] - m).sum().item()
-    return torch.exp(x - m) / l
+def _stats(x: Tensor) -> tuple[Tensor, Tensor]:
+    """(m, l) of each row of x (T, S): the maximum and sum_j exp(x_j - m); a row that
+    is all -inf has m = -inf and l = 0."""
+    m = x.amax(-1)
+    shift = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    return m, torch.exp(x - shift[:, None]).sum(-1)
 
 
 @exercise_check
-def check_online_softmax(fn: Callable[[Tensor, int], Tensor]) -> bool:
-    """Chapter 7, exercise "online softmax": ``fn(scores, block)`` reads one row of
-    scores (S,) ``block`` entries at a time, keeping a running maximum and a running
-    sum, and returns softmax(scores) (S,). Entries equal to -inf (masked keys) get
-    weight 0; a row that is all -inf gives zeros; scores around 1000 must not overflow.
+def check_online_softmax(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
+    """Chapter 7, exercise "merging two halves of a row" (FlashDecoding's split of the
+    keys): ``fn(m_a, l_a, m_b, l_b)`` with the running maxima and sums (T,) of two
+    halves of T rows of scores must return ``(m, l)`` (T,) of the whole rows: m =
+    max(m_a, m_b), l = l_a exp(m_a - m) + l_b exp(m_b - m), without NaN when a half
+    (or a whole row) is all -inf (m = -inf, l = 0), and without overflow for scores
+    around 1000.
 
     Raises:
-        CheckError: naming a missing rescale of the running sum, overflow, NaN from a
-            block that is all -inf, a softmax or maximum over the whole row at once,
-            a call to the library's ``online_softmax``, or the first wrong value.
+        CheckError: naming sums added without rescaling, a rescale with the wrong
+            sign, NaN from a half that is all -inf, overflow, a wrong maximum, a call
+            to the library's ``online_softmax``, or the first wrong value.
     """
     fn = own_code(fn, online_softmax)
     gen = torch.Generator().manual_seed(7)
-    x = torch.randn(10, generator=gen) * 3
-    for block in (1, 3, 10, 16):
-        w, calls = torch_calls(fn, x.clone(), block)
-        check_shape(w, (10,), "weights")
-        _read_at_once(calls, block, len(x))
-        ref = torch.softmax(x, 0)
-        buggy = _softmax_no_rescale(x, block)
-        if not torch.allclose(w, ref, atol=1e-5) and torch.allclose(
-            w, buggy, atol=1e-5
-        ):
-            fail(
-                f"with block={block} your weights do not sum to 1: the running sum "
-                "was not rescaled when the running maximum grew",
-                "when a block raises the maximum from m to m_new, multiply the sum so "
-                "far by exp(m - m_new) before adding the new block's exp(x - m_new).",
-            )
-        if block < len(x) and close(w, _softmax_never_corrected(x, block)):
-            fail(
-                f"with block={block} each block's weights use the running maximum of "
-                "their own time, never corrected when a later block raised it",
-                "the weights are computed once, at the end, from the final maximum "
-                "and the final sum.",
-            )
-        check_close(w, ref, name=f"weights (block={block})")
-    big = x * 10 + 1000.0
-    w = fn(big, 4)
-    if not torch.isfinite(w).all():
-        fail(
-            "scores around 1000 give NaN or inf: exp() overflowed",
-            "exponentiate x - m (m the running maximum), never x itself.",
-        )
-    check_close(w, torch.softmax(big, 0), name="weights for large scores")
     inf = float("-inf")
-    masked = torch.tensor([inf, inf, 1.0, inf, 2.0, 0.5])
-    w = fn(masked, 2)
-    if torch.isnan(w).any():
+    x = torch.randn(5, 12, generator=gen) * 3
+    x[1, :6] = inf  # row 1: its first half is all masked
+    x[2, 6:] = inf  # row 2: its second half
+    x[3] = inf  # row 3: the whole row
+    x[4] = x[4] * 10 + 1000.0  # row 4: large scores
+    (m_a, l_a), (m_b, l_b) = _stats(x[:, :6]), _stats(x[:, 6:])
+    want_m, want_l = _stats(x)
+    result = fn(m_a.clone(), l_a.clone(), m_b.clone(), l_b.clone())
+    if not (isinstance(result, tuple) and len(result) == 2):
         fail(
-            "a first block whose scores are all -inf gives NaN",
-            "while the maximum is still -inf, exp(-inf - (-inf)) is NaN: skip such "
-            "a block (nothing is visible yet) or treat m = -inf as 0.",
+            "expected fn to return a tuple (m, l)",
+            "return the maximum and the sum of the whole rows.",
+            kind=ShapeError,
         )
-    check_close(w, torch.softmax(masked, 0), name="weights with -inf entries")
-    w = fn(torch.full((4,), inf), 2)
-    if torch.isnan(w).any() or (w != 0).any():
+    m, l = result
+    check_shape(m, (5,), "m")
+    check_shape(l, (5,), "l")
+    if not torch.equal(m, want_m):
         fail(
-            f"a row that is all -inf gives {w.tolist()}, expected zeros",
-            "if the running sum is 0 at the end, return zeros (no key is visible).",
+            f"m = {m.tolist()}, expected {want_m.tolist()}",
+            "the row's maximum is over all its scores, so over both halves.",
         )
+    if torch.isnan(l).any():
+        row = int(torch.nonzero(torch.isnan(l))[0])
+        where = "which is all -inf" if row == 3 else "one of whose halves is all -inf"
+        fail(
+            f"l is NaN for row {row}, {where}: exp(m_a - m) with m_a = m = -inf is "
+            "exp(-inf + inf)",
+            "a half with l = 0 adds nothing, whatever its factor: guard the factor "
+            "where m is -inf.",
+        )
+    if torch.isinf(l).any():
+        fail(
+            "l overflows for the row of scores around 1000",
+            "the factors exp(m_a - m) and exp(m_b - m) are at most 1: which way round "
+            "are your exponents?",
+        )
+    rows = torch.tensor([0, 4])  # both halves visible
+    if close(l[rows], (l_a + l_b)[rows]):
+        fail(
+            "l = l_a + l_b: the two sums were added without rescaling them to the "
+            "common maximum",
+            "each half's sum is relative to its own maximum: rescale both to m before "
+            "adding.",
+        )
+    reversed_ = l_a * torch.exp(want_m - m_a) + l_b * torch.exp(want_m - m_b)
+    if close(l[rows], reversed_[rows], atol=1e-3):
+        fail(
+            "your factors are exp(m - m_a) and exp(m - m_b): the exponents are "
+            "reversed, so a half with a smaller maximum weighs more, not less",
+            "rescaling to a larger maximum shrinks a sum: each factor is at most 1.",
+        )
+    check_close(l, want_l, rtol=1e-5, name="l")
     return passed(
-        "online softmax matches torch.softmax for every block size, "
-        "large scores and masked entries"
+        "merged (m, l) match the whole rows, masked halves and large scores included"
     )
 
 
