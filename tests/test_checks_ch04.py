@@ -20,8 +20,9 @@ from transformer_course.positional import (
 
 
 def _table(*, first=0, sign=-1.0, per_pair=2, swap=False, halves=False, sliced=True):
-    def fn(max_len, d_model):
-        pos = torch.arange(first, first + max_len, dtype=torch.float64)[:, None]
+    def fn(positions, d_model):
+        max_len = len(positions)
+        pos = (positions.double() + first)[:, None]
         cols = torch.arange(0, d_model, 2, dtype=torch.float64)
         angles = pos * 10000.0 ** (sign * cols * per_pair / 2 / d_model)
         sin, cos = angles.sin(), angles.cos()
@@ -88,10 +89,21 @@ TRIAL = [
     (check_sinusoidal_encoding, _table(swap=True), "swapped"),
     (check_sinusoidal_encoding, _table(per_pair=1), "i / d_model"),
     (check_sinusoidal_encoding, _table(halves=True), "first half"),
-    (check_sinusoidal_encoding, _table(first=1), "start at 1"),
+    (check_sinusoidal_encoding, _table(first=1), "off by one"),
+    (
+        check_sinusoidal_encoding,
+        lambda positions, d: _table()(torch.arange(len(positions)), d),
+        "positions argument is ignored",
+    ),
     (check_sinusoidal_encoding, _table(sign=1.0), "sign is positive"),
     (check_sinusoidal_encoding, lambda n, d: _table()(n, d).T, "dimension 0"),
-    (check_sinusoidal_encoding, sinusoidal_encoding, "calls the library's"),
+    (
+        check_sinusoidal_encoding,
+        lambda positions, d: sinusoidal_encoding(int(positions.max()) + 1, d)[
+            positions
+        ],
+        "calls the library's",
+    ),
     (check_rotary_half, _rotary(layout="interleaved"), "interleaved"),
     (check_rotary_half, _rotary(sign=-1.0), "runs backwards"),
     (check_rotary_half, _rotary_sign_bug, "runs backwards"),

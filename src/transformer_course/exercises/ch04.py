@@ -24,35 +24,54 @@ from transformer_course.positional import (
 
 
 @exercise_check
-def check_sinusoidal_encoding(fn: Callable[[int, int], Tensor]) -> bool:
-    """Chapter 4, exercise "sinusoidal table": ``fn(max_len, d_model)`` must return the
-    (max_len, d_model) table with column 2i = sin(pos w_i), column 2i+1 = cos(pos w_i),
-    w_i = 10000^(-2i / d_model), for even *and odd* d_model (pitfall P15).
+def check_sinusoidal_encoding(fn: Callable[[Tensor, int], Tensor]) -> bool:
+    """Chapter 4, exercise "the sinusoidal rows of given positions": ``fn(positions,
+    d_model)`` with integer positions (T,), in any order and from any offset, must
+    return the (T, d_model) rows PE[p, 2i] = sin(p w_i), PE[p, 2i+1] = cos(p w_i),
+    w_i = 10000^(-2i / d_model), for even *and odd* d_model (pitfall P15), without
+    building the table up to the largest position.
 
     Raises:
-        CheckError: naming a crash on odd d_model, sines and cosines swapped or in two
-            halves, a wrong exponent or its sign, positions from 1, a call to the
-            library's ``sinusoidal_encoding``, or the first wrong value.
+        CheckError: naming a crash on odd d_model, the positions ignored (rows
+            0..T-1), sines and cosines swapped or in two halves, a wrong exponent or
+            its sign, positions off by one, a call to the library's
+            ``sinusoidal_encoding``, or the first wrong value.
     """
     fn = own_code(fn, sinusoidal_encoding)
-    for max_len, d in ((10, 4), (50, 16), (10, 5), (7, 1)):
+    cases = (
+        (torch.arange(10), 4),
+        (torch.arange(50), 16),
+        (torch.tensor([7, 3, 12, 0, 9, 4, 11, 2, 8, 5]), 5),
+        (torch.tensor([100, 101, 102, 103, 104, 105, 106]), 1),
+        (torch.arange(1000, 1006), 6),
+    )
+    for positions, d in cases:
+        max_len = len(positions)
         try:
-            out = fn(max_len, d)
+            out = fn(positions.clone(), d)
         except NotImplementedError:
             raise  # the stub: "not attempted yet"
         except (RuntimeError, IndexError, ValueError) as err:
             fail(
-                f"fn({max_len}, {d}) raised {type(err).__name__}: {err}",
+                f"fn(positions, {d}) raised {type(err).__name__}: {err}",
                 "with an odd d_model there is one more sine column than cosine columns "
                 "(pitfall P15): fill pe[:, 0::2] and pe[:, 1::2] with angles sliced "
                 "to their own widths.",
             )
-        check_shape(out, (max_len, d), f"fn({max_len}, {d})")
+        name = f"fn({_short(positions)}, {d})"
+        check_shape(out, (max_len, d), name)
         out = out.detach().double()
-        ref = sinusoidal_encoding(max_len, d, dtype=torch.float64)
+        table = sinusoidal_encoding(int(positions.max()) + 2, d, dtype=torch.float64)
+        ref = table[positions]
         if torch.allclose(out, ref, atol=1e-5):
             continue
-        pos = torch.arange(max_len, dtype=torch.float64)[:, None]
+        if torch.allclose(out, table[:max_len], atol=1e-5):
+            fail(
+                f"{name}: your rows are those of positions 0..{max_len - 1}: the "
+                "positions argument is ignored",
+                "row t is the encoding of position positions[t].",
+            )
+        pos = positions.double()[:, None]
         if d % 2 == 0:
             ang = pos * 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
             if torch.allclose(out, torch.cat((ang.sin(), ang.cos()), -1), atol=1e-5):
@@ -75,13 +94,11 @@ def check_sinusoidal_encoding(fn: Callable[[int, int], Tensor]) -> bool:
                     "w_i = 10000 ** (-2 * i / d_model) for pair i; the exponent of "
                     "column 2i is that column index over d_model.",
                 )
-            if torch.allclose(
-                out, sinusoidal_encoding(max_len + 1, d)[1:].double(), atol=1e-5
-            ):
+            if torch.allclose(out, table[positions + 1], atol=1e-5):
                 fail(
-                    "row 0 holds position 1: your positions start at 1",
-                    "the first token is at position 0; its row is sin 0, cos 0, ... "
-                    "= 0, 1, 0, 1, ...",
+                    f"{name}: row t holds position positions[t] + 1: your positions "
+                    "are off by one",
+                    "position 0's row is sin 0, cos 0, ... = 0, 1, 0, 1, ...",
                 )
             grows = pos * 10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
             if torch.allclose(out[:, 0::2], grows.sin(), atol=1e-5):
@@ -91,8 +108,16 @@ def check_sinusoidal_encoding(fn: Callable[[int, int], Tensor]) -> bool:
                     "w_i must shrink from 1 (column 0) towards 1/10000: the "
                     "wavelengths get longer across the table.",
                 )
-        check_close(out, ref, atol=1e-5, name=f"fn({max_len}, {d})")
-    return passed("sinusoidal table right for d_model = 4, 16, 5 (odd) and 1")
+        check_close(out, ref, atol=1e-5, name=name)
+    return passed(
+        "sinusoidal rows right for positions in order, shuffled and from 1000, "
+        "d_model = 4, 16, 5 (odd), 1 and 6"
+    )
+
+
+def _short(positions: Tensor) -> str:
+    values = positions.tolist()
+    return str(values) if len(values) <= 4 else f"[{values[0]}, {values[1]}, ...]"
 
 
 @exercise_check
