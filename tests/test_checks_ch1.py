@@ -20,6 +20,15 @@ from transformer_course.exercises import (
 )
 
 
+def _valid_only(lookup):
+    """A three-argument lookup, made to take ``valid`` (it reads only valid entries)."""
+
+    def fn(q, K, V, valid):
+        return lookup(q, K[valid], V[valid])
+
+    return fn
+
+
 def test_stub_is_not_attempted(capsys):
     def stub(*args):
         raise NotImplementedError
@@ -65,9 +74,12 @@ def test_wrong_attention_is_rejected_with_a_hint(fn, words):
 @pytest.mark.parametrize(
     "fn, words",
     [
-        (lambda q, K, V: V[(K @ q).argmax()], "hard lookup"),
-        (lambda q, K, V: torch.softmax(K @ q, 0) @ V, "without scaling"),
-        (lambda q, K, V: torch.softmax(K @ q, 0)[:, None] * V, "dimensions"),
+        (_valid_only(lambda q, K, V: V[(K @ q).argmax()]), "hard lookup"),
+        (_valid_only(lambda q, K, V: torch.softmax(K @ q, 0) @ V), "without scaling"),
+        (
+            _valid_only(lambda q, K, V: torch.softmax(K @ q, 0)[:, None] * V),
+            "dimensions",
+        ),
     ],
 )
 def test_wrong_soft_lookup_is_rejected(fn, words):
@@ -90,10 +102,15 @@ def test_check_shape_and_close_name_the_problem():
 
 
 def _lookup(scores_of, weights_of=torch.softmax):
-    def fn(q, K, V):
-        return weights_of(scores_of(q, K), 0) @ V
+    def fn(q, K, V, valid):
+        return weights_of(scores_of(q, K[valid]), 0) @ V[valid]
 
     return fn
+
+
+def _right(q, K, V, valid):
+    scores = (K @ q / math.sqrt(len(q))).masked_fill(~valid, float("-inf"))
+    return torch.softmax(scores, 0) @ V
 
 
 def _pair(weights_of):
@@ -126,8 +143,8 @@ def _encoder(features_of, axis=-1):
     return fn
 
 
-def _library_lookup(q, K, V):
-    return scaled_dot_product_attention(q[None], K, V)[0][0]
+def _library_lookup(q, K, V, valid):
+    return scaled_dot_product_attention(q[None], K, V, valid[None])[0][0]
 
 
 def _library_attention(q, k, v):
@@ -144,19 +161,42 @@ TRIAL_CH1 = [
     (check_soft_lookup, _lookup(lambda q, K: K @ q / len(q)), "divided by d"),
     (
         check_soft_lookup,
-        lambda q, K, V: torch.softmax(K @ q / _SQRT(V.shape[-1]), 0) @ V,
+        _valid_only(lambda q, K, V: torch.softmax(K @ q / _SQRT(V.shape[-1]), 0) @ V),
         "sqrt(d_v)",
     ),
-    (check_soft_lookup, lambda q, K, V: torch.softmax(K @ q, 0), "dimension 0"),
-    (check_soft_lookup, lambda q, K, V: V[(K @ q).argmax()], "hard lookup"),
-    (check_soft_lookup, lambda q, K, V: V.mean(0), "same weight"),
-    (check_soft_lookup, lambda q, K, V: (K @ q / _SQRT(len(q))) @ V, "no softmax"),
     (
         check_soft_lookup,
-        lambda q, K, V: (_lookup(lambda q, K: K @ q)(q, K, V))[None],
+        _valid_only(lambda q, K, V: torch.softmax(K @ q, 0)),
+        "dimension 0",
+    ),
+    (
+        check_soft_lookup,
+        _valid_only(lambda q, K, V: V[(K @ q).argmax()]),
+        "hard lookup",
+    ),
+    (check_soft_lookup, _valid_only(lambda q, K, V: V.mean(0)), "same weight"),
+    (
+        check_soft_lookup,
+        _valid_only(lambda q, K, V: (K @ q / _SQRT(len(q))) @ V),
+        "no softmax",
+    ),
+    (
+        check_soft_lookup,
+        lambda q, K, V, valid: _lookup(lambda q, K: K @ q)(q, K, V, valid)[None],
         "dimensions",
     ),
     (check_soft_lookup, _library_lookup, "calls the library's"),
+    (
+        check_soft_lookup,
+        lambda q, K, V, valid: torch.softmax(K @ q / _SQRT(len(q)), 0) @ V,
+        "valid is ignored",
+    ),
+    (check_soft_lookup, lambda q, K, V, valid: _right(q, K, V, ~valid), "wrong way"),
+    (
+        check_soft_lookup,
+        lambda q, K, V, valid: (torch.softmax(K @ q / _SQRT(len(q)), 0) * valid) @ V,
+        "after the softmax",
+    ),
     (
         check_dot_product_attention,
         _pair(
@@ -193,3 +233,7 @@ def test_each_trial_mistake_of_chapter_1_gets_its_own_message(
     printed = capsys.readouterr().out
     assert message in printed and "Hint: " in printed, printed
     assert "Traceback" not in printed
+
+
+def test_the_right_soft_lookup_passes(quiet_check):
+    assert quiet_check(check_soft_lookup, _right) is True

@@ -26,27 +26,45 @@ from transformer_course.exercises._method import loops_over, own_code
 
 
 @exercise_check
-def check_soft_lookup(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> bool:
-    """Chapter 1, exercise "soft lookup": ``fn(query, keys, values)`` with query (d,),
-    keys (S, d), values (S, d_v) must return the (d_v,) weighted sum of the values with
-    weights softmax(keys @ query / sqrt(d)).
+def check_soft_lookup(fn: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]) -> bool:
+    """Chapter 1, exercise "soft lookup with missing entries": ``fn(query, keys,
+    values, valid)`` with query (d,), keys (S, d), values (S, d_v) and a bool valid
+    (S,) (False = an entry that is not there) must return the (d_v,) weighted sum of
+    the values, with weights softmax(keys @ query / sqrt(d)) over the valid keys only
+    (0 for the others).
 
     Raises:
-        CheckError: with a hint that names the mistake (hard lookup, missing scale,
-            wrong shape, a call to the library's attention).
+        CheckError: with a hint that names the mistake (hard lookup, missing or wrong
+            scale, no softmax, a plain mean, ``valid`` ignored or inverted, weights
+            zeroed after the softmax, wrong shape, a call to the library's attention).
     """
     fn = own_code(fn, scaled_dot_product_attention)
     gen = torch.Generator().manual_seed(1)
-    for s, d, dv in ((5, 4, 3), (1, 8, 2), (7, 16, 5)):
+    for s, d, dv, n_missing in (
+        (5, 4, 3, 0),
+        (1, 8, 2, 0),
+        (7, 16, 5, 0),
+        (6, 4, 3, 2),
+    ):
         q = torch.randn(d, generator=gen)
         keys = torch.randn(s, d, generator=gen)
-        values = torch.randn(s, dv, generator=gen)
-        out = fn(q, keys, values)
+        values = torch.randn(s, dv, generator=gen) * 3
+        valid = torch.ones(s, dtype=torch.bool)
+        valid[torch.randperm(s, generator=gen)[:n_missing]] = False
+        out = fn(q, keys, values, valid.clone())
         check_shape(out, (dv,), "output")
         scores = keys @ q
-        ref = torch.softmax(scores / math.sqrt(d), dim=0) @ values
+        ref = torch.softmax(scores[valid] / math.sqrt(d), dim=0) @ values[valid]
         if torch.allclose(out, ref, atol=1e-5):
             continue
+        if n_missing:
+            _missing_entries(out, scores / math.sqrt(d), values, valid)
+        elif not torch.isfinite(out).all():
+            fail(
+                "NaN although every entry is valid: your lookup treats them all as "
+                "missing, so valid is read the wrong way round",
+                "True in valid marks an entry that is there.",
+            )
         if torch.allclose(out, values[scores.argmax()], atol=1e-5):
             fail(
                 "your output is the value of the best-matching key only: a hard lookup",
@@ -83,7 +101,27 @@ def check_soft_lookup(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> bool:
                 "turn the scores into weights that are positive and sum to 1.",
             )
         check_close(out, ref, atol=1e-5, name="output")
-    return passed("soft lookup matches the reference on 3 random inputs")
+    return passed("soft lookup matches the reference, with and without missing entries")
+
+
+def _missing_entries(out: Tensor, scores: Tensor, values: Tensor, valid: Tensor):
+    """Name the mistakes about ``valid`` (2 of the 6 entries missing)."""
+    if close(out, torch.softmax(scores, 0) @ values):
+        fail(
+            "the missing entries were mixed in: valid is ignored",
+            "a missing entry must get weight 0, and the others share all the weight.",
+        )
+    if close(out, torch.softmax(scores[~valid], 0) @ values[~valid]):
+        fail(
+            "only the missing entries were mixed: valid is read the wrong way round",
+            "True in valid marks an entry that is there.",
+        )
+    if close(out, (torch.softmax(scores, 0) * valid) @ values):
+        fail(
+            "the missing entries' weights were set to 0 after the softmax: the "
+            "remaining weights no longer sum to 1",
+            "leave the missing entries out before normalising, not after.",
+        )
 
 
 @exercise_check
