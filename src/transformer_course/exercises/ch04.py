@@ -152,7 +152,8 @@ def check_rotary_half(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
         if torch.allclose(out, apply_rotary(x, -positions, layout="half"), atol=1e-5):
             fail(
                 "the rotation runs backwards (by -pos * theta_i)",
-                "first half: x1 * cos - x2 * sin; second half: x1 * sin + x2 * cos.",
+                "a rotation by +angle moves x1 towards x2: check the sign of the sine "
+                "in each half.",
             )
         if torch.allclose(out, x, atol=1e-6):
             fail(
@@ -243,8 +244,8 @@ def check_new_token_positions(fn: Callable[[Tensor, int], Tensor]) -> bool:
             fail(
                 f"row 0 got positions {out[0].tolist()}, expected {ref[0].tolist()}: "
                 "the left padding was counted",
-                "count real tokens only: keep.cumsum(-1) - 1, then the last n_new "
-                "columns.",
+                "a padded slot has no position: count only the real tokens before "
+                "each new one.",
             )
         if torch.equal(out.long(), counted[:, -n_new:] + 1):
             fail(
