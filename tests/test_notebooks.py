@@ -282,3 +282,16 @@ def test_a_reference_to_an_exercise_reads_as_its_title():
     labels = sync.labels_of(text)
     out = sync.to_plain_markdown("(see {ref}`ex-vision-patch-size`)", labels=labels)
     assert out == "(see the exercise “Smaller patches”)"
+
+
+def test_library_source_the_book_shows_is_printed_by_a_code_cell(capsys):
+    """Regression (learner trial 2026-12-01, finding 9): the notebooks said
+    "inspect.getsource prints it" where the book shows library source, with no cell
+    that did."""
+    chapter = next(p for p in CHAPTERS if p.stem == "07_optimizations")
+    nb = sync.convert(chapter, "https://example.org/repo", "main")
+    (cell,) = [c for c in nb.cells if "source of tiled_attention" in c.source]
+    assert cell.cell_type == "code"
+    exec(cell.source, {})  # noqa: S102
+    assert "def tiled_attention(" in capsys.readouterr().out
+    assert not any("inspect.getsource` prints it" in c.source for c in nb.cells)

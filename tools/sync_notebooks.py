@@ -13,7 +13,8 @@ What changes on the way:
   book/references.bib);
 - a paragraph that quotes numbers the chapter measures (myst_nb's {glue:text} roles)
   becomes a code cell, its code hidden in Colab, that shows the paragraph with the
-  numbers the learner's own run measured (transformer_course.viz.glue.prose).
+  numbers the learner's own run measured (transformer_course.viz.glue.prose);
+- where the book shows a library function's source, a code cell prints it.
 """
 
 from __future__ import annotations
@@ -173,15 +174,10 @@ def _directive(
         return f"$$\n{body}\n$$"
     if name in ("figure", "image"):
         return f"![{options.get('alt', arg)}]({arg})\n\n{body}"
-    if (
-        name == "literalinclude"
-    ):  # the book shows library source; a notebook points to it
+    if name == "literalinclude":  # convert() makes it a code cell; elsewhere a pointer
         what = options.get("pyobject", "the code")
         path = arg.removeprefix("../")
-        return (
-            f"*The book shows the library's source of `{what}` (`{path}`) here; "
-            "in a notebook, `inspect.getsource` prints it.*"
-        )
+        return f"*The book shows the library's source of `{what}` (`{path}`) here.*"
     if name == "bibliography":
         if not cited:
             return "See the book's references page for the full bibliography."
@@ -262,10 +258,54 @@ def prose_cell(markdown: str) -> nbformat.NotebookNode:
     )
 
 
+def source_cell(match: re.Match) -> nbformat.NotebookNode:
+    """The code cell a notebook has where the book shows library source (a
+    ``literalinclude`` of a ``pyobject``): it prints that source."""
+    options, _ = _strip_options(match["body"])
+    what = options["pyobject"]
+    module = (
+        match["arg"]
+        .strip()
+        .removeprefix("../src/")
+        .removesuffix(".py")
+        .replace("/", ".")
+    )
+    return nbformat.v4.new_code_cell(
+        f"# the library's source of {what}, which the book shows here\n"
+        "import inspect\n\n"
+        f"import {module}\n\n"
+        f"print(inspect.getsource({module}.{what}))"
+    )
+
+
+def _split_sources(cells: list) -> list:
+    """Markdown cells cut where they include library source, with a code cell that
+    prints it in between."""
+    out = []
+    for cell in cells:
+        if cell.cell_type != "markdown":
+            out.append(cell)
+            continue
+        text, start = cell.source, 0
+        for match in _FENCE.finditer(text):
+            if match["name"] != "literalinclude" or "pyobject:" not in match["body"]:
+                continue
+            if text[start : match.start()].strip():
+                out.append(nbformat.v4.new_markdown_cell(text[start : match.start()]))
+            out.append(source_cell(match))
+            start = match.end()
+        if start == 0:
+            out.append(cell)
+        elif text[start:].strip():
+            out.append(nbformat.v4.new_markdown_cell(text[start:].lstrip("\n")))
+    return out
+
+
 def convert(md_path: Path, url: str, branch: str) -> nbformat.NotebookNode:
     nb = jupytext.read(md_path)
     cited = cited_keys(md_path.read_text())
     labels = labels_of(md_path.read_text())
+    nb.cells = _split_sources(nb.cells)
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "markdown":
             glued = _ROLE.search(cell.source) and "{glue" in cell.source
