@@ -72,7 +72,7 @@ def test_solutions_are_collapsed_in_the_notebook():
     nb = nbformat.read(ROOT / "notebooks" / "01_qkv.ipynb", as_version=4)
     text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     assert text.count("<details>") >= 3 and "<summary>Solution" in text
-    assert "#### Exercise: Soft lookup for one query" in text
+    assert "#### Exercise: Soft lookup" in text
 
 
 def test_plain_markdown_conversion():
