@@ -194,7 +194,8 @@ def check_shape(x, expected: Sequence[int | None], name: str = "x") -> bool:
             fail(
                 f"dimension {dim} of {name} is {got}, expected {exp} "
                 f"(shape {shape}, expected {want})",
-                "print the shape after every step and compare with the comments.",
+                "print the shape after every step and compare it with the shape "
+                "asked for.",
                 kind=ShapeError,
             )
     return True
