@@ -93,9 +93,27 @@ def my_mean_pool(h, m):
         ),
         ("from transformer_course.distill import *\nmy_mean_pool = mean_pool", "mean"),
         (NOTEBOOK_OWN, None),
+        (  # a local variable named like a notebook variable computed by the library
+            (
+                "from transformer_course import distill\n"
+                "pooled = distill.mean_pool(h, m)\n"
+                "def my_mean_pool(h, m):\n"
+                "    pooled = (h * m[..., None]).sum(1)\n"
+                "    return pooled / m.sum(1, keepdim=True)\n"
+            ),
+            None,
+        ),
         ("def my_mean_pool(h, m:\n", None),  # a syntax error reads as nothing found
     ],
-    ids=["helper", "import-alias", "assignment", "star", "own", "syntax-error"],
+    ids=[
+        "helper",
+        "import-alias",
+        "assignment",
+        "star",
+        "own",
+        "local",
+        "syntax-error",
+    ],
 )
 def test_library_use_reads_a_notebook_without_running_it(source, expected):
     found = library_use(source, "my_mean_pool", (mean_pool,))

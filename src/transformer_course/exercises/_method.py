@@ -167,10 +167,16 @@ def library_use(source: str, name: str, library: tuple[Callable, ...]) -> str | 
         node = bound.get(current)
         if node is None:
             continue
+        local = {  # the function's own variables shadow the notebook's
+            sub.id
+            for sub in ast.walk(node)
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store)
+        } | {a.arg for a in ast.walk(node) if isinstance(a, ast.arg)}
         for sub in ast.walk(node):
+            if isinstance(sub, ast.Name) and sub.id in local:
+                continue
             if isinstance(sub, (ast.Name, ast.Attribute)):
-                dotted = _dotted(sub)
-                hit = found(dotted)
+                hit = found(_dotted(sub))
                 if hit:
                     return hit
                 if isinstance(sub, ast.Name) and sub.id in bound:
