@@ -237,3 +237,55 @@ def test_each_trial_mistake_of_chapter_1_gets_its_own_message(
 
 def test_the_right_soft_lookup_passes(quiet_check):
     assert quiet_check(check_soft_lookup, _right) is True
+
+
+def _with_valid(weights_of):
+    def fn(q, k, v, valid):
+        w = weights_of(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), valid)
+        return w @ v, w
+
+    return fn
+
+
+def _masked(scores, valid):
+    return torch.softmax(scores.masked_fill(~valid[:, None, :], float("-inf")), -1)
+
+
+def _loop_with_valid(q, k, v, valid):
+    outs = [
+        _with_valid(_masked)(q[b : b + 1], k[b : b + 1], v[b : b + 1], valid[b : b + 1])
+        for b in range(len(q))
+    ]
+    return torch.cat([o for o, _ in outs]), torch.cat([w for _, w in outs])
+
+
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (_with_valid(lambda s, valid: torch.softmax(s, -1)), "valid is ignored"),
+        (_with_valid(lambda s, valid: _masked(s, ~valid)), "wrong way round"),
+        (
+            _with_valid(lambda s, valid: torch.softmax(s, -1) * valid[:, None, :]),
+            "after the softmax",
+        ),
+        (_loop_with_valid, "loops over the batch"),
+        (
+            lambda q, k, v, valid: scaled_dot_product_attention(
+                q, k, v, valid[:, None]
+            ),
+            "calls the library's",
+        ),
+    ],
+    ids=["ignored", "inverted", "after-softmax", "loop", "library"],
+)
+def test_each_mistake_with_missing_keys_gets_its_own_message(wrong, message, capsys):
+    assert check_dot_product_attention(wrong, with_valid=True) is False
+    printed = capsys.readouterr().out
+    assert message in printed and "Hint: " in printed, printed
+
+
+def test_batched_attention_with_missing_keys_passes(quiet_check):
+    def check(fn):
+        return check_dot_product_attention(fn, with_valid=True)
+
+    assert quiet_check(check, _with_valid(_masked)) is True

@@ -126,20 +126,30 @@ def _missing_entries(out: Tensor, scores: Tensor, values: Tensor, valid: Tensor)
 
 @exercise_check
 def check_dot_product_attention(
-    fn: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]],
+    fn: Callable[..., tuple[Tensor, Tensor]], *, with_valid: bool = False
 ) -> bool:
-    """Chapter 1, exercise "batched attention": ``fn(q, k, v)`` with q (B, T, d),
-    k (B, S, d), v (B, S, d_v) must return ``(out, weights)``: out (B, T, d_v) and
-    weights (B, T, S) = softmax(q k^T / sqrt(d)) over the keys.
+    """Chapter 1, exercises "batched attention" and "find the bug": ``fn(q, k, v)``
+    with q (B, T, d), k (B, S, d), v (B, S, d_v) must return ``(out, weights)``: out
+    (B, T, d_v) and weights (B, T, S) = softmax(q k^T / sqrt(d)) over the keys. With
+    ``with_valid``, ``fn(q, k, v, valid)`` also takes a bool valid (B, S) (False = a
+    missing key, weight 0; every item has at least one valid key).
 
     Raises:
         CheckError: naming a wrong shape, ``(weights, out)`` returned in the wrong
             order, a softmax over the wrong axis, a missing scale, batch items that
-            leak into each other, a loop over the batch, a call to the library's
-            attention, or the first wrong value.
+            leak into each other, ``valid`` ignored, inverted or applied after the
+            softmax, a loop over the batch, a call to the library's attention, or the
+            first wrong value.
     """
     fn = own_code(fn, scaled_dot_product_attention)
     gen = torch.Generator().manual_seed(2)
+    if with_valid:
+        _check_valid_keys(fn, gen)
+        full = fn
+
+        def fn(q, k, v):  # every key valid: the checks below apply as they are
+            return full(q, k, v, torch.ones(q.shape[0], k.shape[1], dtype=torch.bool))
+
     for b, t, s, d, dv in ((2, 3, 4, 8, 5), (1, 1, 6, 4, 2), (3, 5, 2, 16, 4)):
         q, k, v = random_qkv(gen, (b,), t, s, d, dv)
         out, weights = out_and_weights(fn(q, k, v))
@@ -200,7 +210,46 @@ def check_dot_product_attention(
         )
     return passed(
         "batched dot-product attention matches the reference on 3 random inputs"
+        + (", and with missing keys" if with_valid else "")
     )
+
+
+def _check_valid_keys(fn: Callable, gen: torch.Generator) -> None:
+    q, k, v = random_qkv(gen, (3,), 2, 5, 8, 4)
+    valid = torch.tensor(
+        [[1, 1, 0, 1, 0], [0, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.bool
+    )
+    out, weights = out_and_weights(fn(q, k, v, valid.clone()))
+    check_shape(weights, (3, 2, 5), "weights")
+    check_shape(out, (3, 2, 4), "out")
+    ref_out, ref_w = scaled_dot_product_attention(q, k, v, valid[:, None, :])
+    if close(weights, ref_w):
+        check_close(out, ref_out, atol=1e-5, name="out")
+        return
+    plain = scaled_dot_product_attention(q, k, v)[1]
+    for wrong, message, hint in (
+        (
+            plain,
+            "the missing keys got weights: valid is ignored",
+            "a missing key must get weight 0, and the others share all the weight.",
+        ),
+        (
+            scaled_dot_product_attention(q, k, v, ~valid[:, None, :])[1],
+            "only the missing keys got weights: valid is read the wrong way round",
+            "True in valid marks a key that is there.",
+        ),
+        (
+            plain * valid[:, None, :],
+            (
+                "the missing keys' weights were set to 0 after the softmax: the "
+                "remaining weights no longer sum to 1"
+            ),
+            "leave the missing keys out before normalising, not after.",
+        ),
+    ):
+        if close(weights, wrong):
+            fail(message, hint)
+    check_close(weights, ref_w, atol=1e-5, name="weights (with missing keys)")
 
 
 @exercise_check
