@@ -22,23 +22,6 @@ def stub(*args):
     raise NotImplementedError("your code here")
 
 
-def softmax_no_rescale(x, block):
-    m, l = x.new_tensor(float("-inf")), x.new_tensor(0.0)
-    for j in range(0, len(x), block):
-        m = torch.maximum(m, x[j : j + block].max())
-        l = l + torch.exp(x[j : j + block] - m).sum()
-    return torch.exp(x - m) / l
-
-
-def softmax_nan_on_masked_block(x, block):
-    m, l = x.new_tensor(float("-inf")), x.new_tensor(0.0)
-    for j in range(0, len(x), block):
-        m_new = torch.maximum(m, x[j : j + block].max())
-        l = l * torch.exp(m - m_new) + torch.exp(x[j : j + block] - m_new).sum()
-        m = m_new
-    return torch.exp(x - m) / l
-
-
 def streaming(q, k, v, block, rescale_output=True):
     m, l, acc = -math.inf, 0.0, torch.zeros(v.shape[-1])
     s = k @ q / math.sqrt(q.shape[-1])
@@ -52,16 +35,62 @@ def streaming(q, k, v, block, rescale_output=True):
     return acc / l
 
 
+def repeat_heads(x, n_rep):
+    B, H, S, d = x.shape
+    return x[:, :, None].expand(B, H, n_rep, S, d).reshape(B, H * n_rep, S, d)
+
+
+def quantize(w, group):  # the chapter's solution
+    d_out, d_in = w.shape
+    blocks = w.reshape(d_out, d_in // group, group)
+    scale = blocks.abs().amax(dim=-1, keepdim=True) / 127
+    w_int8 = torch.round(blocks / scale).clamp(-127, 127).to(torch.int8)
+    return w_int8.reshape(d_out, d_in), scale.squeeze(-1)
+
+
+def _groupwise(quantize_blocks):
+    """A per-block recipe ``quantize_blocks(blocks) -> (codes, scale)`` over
+    (d_out, n_groups, group) blocks, made to take ``(w, group)``."""
+
+    def fn(w, group):
+        d_out, d_in = w.shape
+        codes, scale = quantize_blocks(w.reshape(d_out, d_in // group, group))
+        return codes.reshape(d_out, d_in), scale.squeeze(-1)
+
+    return fn
+
+
+def merge(m_a, l_a, m_b, l_b):  # the chapter's solution
+    m = torch.maximum(m_a, m_b)
+    shift = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    return m, l_a * torch.exp(m_a - shift) + l_b * torch.exp(m_b - shift)
+
+
+def merge_unguarded(m_a, l_a, m_b, l_b):
+    m = torch.maximum(m_a, m_b)
+    return m, l_a * torch.exp(m_a - m) + l_b * torch.exp(m_b - m)
+
+
+def merge_unrescaled(m_a, l_a, m_b, l_b):
+    return torch.maximum(m_a, m_b), l_a + l_b
+
+
+def merge_wrong_sign(m_a, l_a, m_b, l_b):
+    m = torch.maximum(m_a, m_b)
+    shift = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    return m, l_a * torch.exp(shift - m_a).nan_to_num(0) + l_b * torch.exp(
+        shift - m_b
+    ).nan_to_num(0)
+
+
 def test_online_softmax_check(capsys):
-    assert check_online_softmax(lambda x, b: online_softmax(x, b)[0])
+    assert check_online_softmax(merge)
     assert check_online_softmax(stub) is False
     assert "not attempted yet" in capsys.readouterr().out
-    with pytest.raises(CheckError, match="not rescaled"):
-        check_online_softmax.strict(softmax_no_rescale)
-    with pytest.raises(CheckError, match="all -inf gives NaN"):
-        check_online_softmax.strict(softmax_nan_on_masked_block)
-    with pytest.raises(CheckError, match="overflow"):
-        check_online_softmax.strict(lambda x, b: torch.exp(x) / torch.exp(x).sum())
+    with pytest.raises(CheckError, match="without rescaling"):
+        check_online_softmax.strict(merge_unrescaled)
+    with pytest.raises(CheckError, match="NaN"):
+        check_online_softmax.strict(merge_unguarded)
 
 
 def test_streaming_attention_check():
@@ -74,7 +103,7 @@ def test_streaming_attention_check():
 
 
 def test_repeat_kv_check():
-    assert check_repeat_kv(repeat_kv)
+    assert check_repeat_kv(repeat_heads)
     assert check_repeat_kv(stub) is False
     with pytest.raises(CheckError, match="tiled"):
         check_repeat_kv.strict(lambda x, n: x.repeat(1, n, 1, 1))
@@ -83,19 +112,23 @@ def test_repeat_kv_check():
 
 
 def test_quantize_int8_check():
-    assert check_quantize_int8(quantize_int8)
+    assert check_quantize_int8(quantize)
     assert check_quantize_int8(stub) is False
 
-    def per_tensor(w):
-        scale = w.abs().max() / 127 * torch.ones(w.shape[0], 1)
-        return torch.round(w / scale).to(torch.int8), scale
+    def per_tensor(w, group):
+        n_groups = w.shape[1] // group
+        scale = w.abs().max() / 127 * torch.ones(w.shape[0], n_groups)
+        return torch.round(w / w.abs().max() * 127).to(torch.int8), scale
 
-    def truncating(w):
-        scale = w.abs().amax(dim=1, keepdim=True) / 127
-        return (w / scale).to(torch.int8), scale
+    truncating = _groupwise(
+        lambda b: (
+            (b / (b.abs().amax(-1, keepdim=True) / 127)).to(torch.int8),
+            b.abs().amax(-1, keepdim=True) / 127,
+        )
+    )
 
-    def no_int8(w):
-        w_int8, scale = quantize_int8(w)
+    def no_int8(w, group):
+        w_int8, scale = quantize(w, group)
         return w_int8.float(), scale
 
     with pytest.raises(CheckError, match="per-tensor"):
@@ -104,3 +137,120 @@ def test_quantize_int8_check():
         check_quantize_int8.strict(truncating)
     with pytest.raises(CheckError, match="torch.int8"):
         check_quantize_int8.strict(no_int8)
+
+
+# ------------------------------------------- the learner trial of 2026-12-01, chapter 7
+
+
+def _streaming_variant(*, factor="old", scale=True, per_block=False):
+    def fn(q, k, v, block):
+        s = k @ q / (math.sqrt(q.shape[0]) if scale else 1.0)
+        if per_block:
+            outs = [
+                torch.softmax(s[j : j + block], 0) @ v[j : j + block]
+                for j in range(0, len(s), block)
+            ]
+            return torch.stack(outs).mean(0)
+        m, l, acc = -math.inf, 0.0, torch.zeros(v.shape[1])
+        for j in range(0, len(s), block):
+            m_new = max(m, s[j : j + block].max().item())
+            p = torch.exp(s[j : j + block] - m_new)
+            alpha = math.exp(m - m_new) if factor == "old" else math.exp(m_new - m)
+            l = l * alpha + p.sum().item()
+            acc = acc * alpha + p @ v[j : j + block]
+            m = m_new
+        return acc / l
+
+    return fn
+
+
+def _two_pass(q, k, v, block):
+    s = k @ q / math.sqrt(q.shape[0])
+    w = torch.exp(s - s.max())
+    return w / w.sum() @ v
+
+
+def _heads_loop(x, n_rep):
+    return torch.cat(
+        [x[:, h : h + 1].expand(-1, n_rep, -1, -1) for h in range(x.shape[1])], 1
+    )
+
+
+def _per_row(w, group):  # the page's recipe: the groups are ignored
+    scale = w.abs().amax(dim=1, keepdim=True) / 127
+    return torch.round(w / scale).to(torch.int8), scale
+
+
+def _scale_1d(w, group):
+    w_int8, scale = _per_row(w, group)
+    return w_int8, scale[:, 0]  # (d_out,)
+
+
+_no_clamp_128 = _groupwise(
+    lambda b: (
+        torch.round(b / (b.abs().amax(-1, keepdim=True) / 128)).to(torch.int8),
+        b.abs().amax(-1, keepdim=True) / 128,
+    )
+)
+
+
+def _per_column(w, group):
+    scale = w.abs().amax(dim=0, keepdim=True) / 127
+    return torch.round(w / scale).to(torch.int8), scale
+
+
+TRIAL = [
+    (check_online_softmax, merge_unrescaled, "without rescaling"),
+    (check_online_softmax, merge_unguarded, "exp(-inf + inf)"),
+    (check_online_softmax, merge_wrong_sign, "exponents are reversed"),
+    (
+        check_online_softmax,
+        lambda m_a, l_a, m_b, l_b: (
+            torch.minimum(m_a, m_b),
+            merge(m_a, l_a, m_b, l_b)[1],
+        ),
+        "over both halves",
+    ),
+    (
+        check_online_softmax,
+        lambda m_a, l_a, m_b, l_b: online_softmax(torch.stack((m_a, m_b)), 1)[1:],
+        "calls the library's",
+    ),
+    (
+        check_streaming_attention,
+        lambda q, k, v, b: streaming(q, k, v, b, rescale_output=False),
+        "partial output is not rescaled",
+    ),
+    (check_streaming_attention, _streaming_variant(factor="new"), "Which way round"),
+    (check_streaming_attention, _streaming_variant(scale=False), "1/sqrt(d)"),
+    (check_streaming_attention, _streaming_variant(per_block=True), "average"),
+    (check_streaming_attention, _two_pass, "reads all 12 scores together"),
+    (check_repeat_kv, lambda x, n: x.repeat(1, n, 1, 1), "tiled"),
+    (check_repeat_kv, lambda x, n: torch.cat([x] * n, 1), "tiled"),
+    (
+        check_repeat_kv,
+        lambda x, n: x[:, None].expand(-1, n, -1, -1, -1).flatten(1, 2),
+        "tiled",
+    ),
+    (check_repeat_kv, lambda x, n: x.repeat_interleave(n, dim=2), "dimension 1"),
+    (check_repeat_kv, _heads_loop, "loops over the heads"),
+    (check_repeat_kv, repeat_kv, "calls the library's"),
+    (check_quantize_int8, _per_column, "one per group"),
+    (check_quantize_int8, _per_row, "groups were ignored"),
+    (check_quantize_int8, _no_clamp_128, "wrapped around"),
+    (check_quantize_int8, _scale_1d, "(6,)"),
+    (check_quantize_int8, lambda w, g: quantize_int8(w), "calls the library's"),
+]
+
+
+@pytest.mark.parametrize(
+    "check, wrong, message", TRIAL, ids=[str(i) for i in range(len(TRIAL))]
+)
+def test_each_trial_mistake_of_chapter_7_gets_its_own_message(
+    check, wrong, message, capsys
+):
+    assert check(wrong) is False
+    printed = capsys.readouterr().out
+    assert message in printed and "Hint: " in printed, printed
+    assert "Traceback" not in printed
+    assert len(printed.strip().splitlines()) == 2, printed

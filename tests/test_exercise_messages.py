@@ -6,8 +6,9 @@ and a return value of False, without a traceback."""
 from __future__ import annotations
 
 import pytest
+import torch
 
-from transformer_course.attention import masked_softmax
+from transformer_course.attention import masked_softmax, scaled_dot_product_attention
 from transformer_course.exercises import (
     CheckError,
     ShapeError,
@@ -41,6 +42,16 @@ def _any_dim(softmax):
 
     fn.__name__ = softmax.__name__
     return fn
+
+
+def _last_axis_softmax(scores, mask=None):
+    """Right along the last axis: a learner's own softmax that takes no ``dim``."""
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    peak = scores.amax(-1, keepdim=True)
+    e = torch.exp(scores - torch.where(torch.isfinite(peak), peak, 0.0))
+    total = e.sum(-1, keepdim=True)
+    return e / torch.where(total > 0, total, 1.0)
 
 
 def _bthd(attention):
@@ -77,14 +88,21 @@ CASES = [
     (check_stable_softmax, _any_dim(P.softmax_over_queries), "ran over the queries"),
     (
         check_stable_softmax,
-        lambda s, mask=None, dim=-1: masked_softmax(s, mask),
+        lambda s, mask=None, dim=-1: _last_axis_softmax(s, mask),
         "dim argument was ignored",
     ),
     (
         check_stable_softmax,
-        lambda s, mask=None: masked_softmax(s, mask),
+        lambda s, mask=None: _last_axis_softmax(s, mask),
         "unexpected keyword argument",
     ),
+    (check_stable_softmax, masked_softmax, "calls the library's"),
+    (
+        check_stable_softmax,
+        lambda s, mask=None, dim=-1: masked_softmax(s, mask, dim),
+        "calls the library's",
+    ),
+    (check_masked_attention, scaled_dot_product_attention, "calls the library's"),
     # chapter 2, exercises 2 and 3
     (check_masked_attention, P.attention_unscaled, "P12"),
     (check_masked_attention, P.attention_scaled_by_d_k, "divided by d_k"),
@@ -203,3 +221,20 @@ def test_a_crash_in_the_learners_code_shows_only_the_learners_frames(capsys):
     assert "in attention" in printed and "transformer_course" not in printed
     with pytest.raises(RuntimeError):
         check_dot_product_attention.strict(attention)
+
+
+def test_a_crash_inside_pytorch_shows_the_learners_line(capsys):
+    """Regression (learner trial 2026-12-01, finding 5): an error raised deep inside
+    PyTorch used to show only PyTorch's frames; the learner's own line comes first."""
+    from transformer_course.exercises import check_teacher_forcing_loss
+
+    def no_flatten(model, src, tgt, criterion):
+        logits = model(src, tgt[:, :-1])
+        return criterion(logits, tgt[:, 1:])  # (B, T, V) logits: the learner's line
+
+    assert check_teacher_forcing_loss(no_flatten) is False
+    printed = capsys.readouterr().out
+    assert printed.startswith("✗ no_flatten raised RuntimeError")
+    assert "in no_flatten" in printed and "return criterion(logits" in printed
+    assert "raised inside PyTorch" in printed and "in cross_entropy" in printed
+    assert "torch/nn/" not in printed  # PyTorch's frames themselves are not listed

@@ -8,8 +8,13 @@ What changes on the way:
   _config.yml, skipped when the package is already importable;
 - MyST-only syntax becomes plain Markdown that Jupyter and Colab render: exercises become
   headed sections, solutions collapsed <details> blocks, admonitions block quotes,
-  cross-references plain text, citations "[Author et al., year]" and the chapter's
-  bibliography a list of the works it cites, with their links (from book/references.bib).
+  cross-references the title they point at, citations "[Author et al., year]" and the
+  chapter's bibliography a list of the works it cites, with their links (from
+  book/references.bib);
+- a paragraph that quotes numbers the chapter measures (myst_nb's {glue:text} roles)
+  becomes a code cell, its code hidden in Colab, that shows the paragraph with the
+  numbers the learner's own run measured (transformer_course.viz.glue.prose);
+- where the book shows a library function's source, a code cell prints it.
 """
 
 from __future__ import annotations
@@ -151,10 +156,12 @@ def _strip_options(body: str) -> tuple[dict[str, str], str]:
     return options, "\n".join(lines).strip("\n")
 
 
-def _directive(match: re.Match, cited: list[str] = ()) -> str:
+def _directive(
+    match: re.Match, cited: list[str] = (), labels: dict | None = None, glue=False
+) -> str:
     name, arg = match["name"], match["arg"].strip()
     options, body = _strip_options(match["body"])
-    body = to_plain_markdown(body, cited)
+    body = to_plain_markdown(body, cited, labels, glue=glue)
     if name == "exercise":
         return f"#### Exercise: {arg}\n\n{body}" if arg else f"#### Exercise\n\n{body}"
     if name == "solution":
@@ -167,15 +174,10 @@ def _directive(match: re.Match, cited: list[str] = ()) -> str:
         return f"$$\n{body}\n$$"
     if name in ("figure", "image"):
         return f"![{options.get('alt', arg)}]({arg})\n\n{body}"
-    if (
-        name == "literalinclude"
-    ):  # the book shows library source; a notebook points to it
+    if name == "literalinclude":  # convert() makes it a code cell; elsewhere a pointer
         what = options.get("pyobject", "the code")
         path = arg.removeprefix("../")
-        return (
-            f"*The book shows the library's source of `{what}` (`{path}`) here; "
-            "in a notebook, `inspect.getsource` prints it.*"
-        )
+        return f"*The book shows the library's source of `{what}` (`{path}`) here.*"
     if name == "bibliography":
         if not cited:
             return "See the book's references page for the full bibliography."
@@ -186,33 +188,130 @@ def _directive(match: re.Match, cited: list[str] = ()) -> str:
 _ROLE = re.compile(r"\{(?P<role>[\w:-]+)\}`(?P<text>[^`]*)`")
 
 
-def _role(match: re.Match) -> str:
+GLUED_ELSEWHERE = "(a number measured in the chapter)"
+
+
+def _role(match: re.Match, labels: dict | None = None, glue: bool = False) -> str:
     role, text = match["role"], match["text"]
     if role in CITE_ROLES:
         keys = [key.strip() for key in text.split(",") if key.strip()]
         return "[" + "; ".join(citation(key) for key in keys) + "]"
     if role == "math":
         return f"${text}$"
-    if role.startswith("glue"):  # a number glued by a cell: the cell prints it too
-        return "[printed above]"
+    if role.startswith("glue"):  # kept for prose(), which fills in the value
+        return match[0] if glue else GLUED_ELSEWHERE
     title = re.match(r"^(.*?)\s*<[^>]+>$", text)
-    return title.group(1) if title else text
+    if title:
+        return title.group(1)
+    return (labels or {}).get(text, text)
 
 
-def to_plain_markdown(text: str, cited: list[str] = ()) -> str:
+_LABELLED = re.compile(
+    r"^(?:`{3,}|:{3,})\{(?P<name>[\w-]+)\}[ \t]*(?P<arg>[^\n]*)\n:label:[ \t]*(?P<label>\S+)",
+    re.MULTILINE,
+)
+_TARGET = re.compile(
+    r"^\((?P<label>[\w:-]+)\)=\s*\n#+\s*(?P<title>[^\n]+)", re.MULTILINE
+)
+
+
+def labels_of(text: str) -> dict[str, str]:
+    """What a reference to each label of a chapter reads as in a notebook: an
+    exercise's "the exercise "Smaller patches"", a section's heading, a directive's
+    title."""
+    labels = {m["label"]: f"“{m['title'].strip()}”" for m in _TARGET.finditer(text)}
+    for m in _LABELLED.finditer(text):
+        title = m["arg"].strip() or m["name"]
+        labels[m["label"]] = (
+            f"the exercise “{title}”" if m["name"] == "exercise" else f"“{title}”"
+        )
+    return labels
+
+
+def to_plain_markdown(
+    text: str, cited: list[str] = (), labels: dict | None = None, *, glue: bool = False
+) -> str:
     """MyST -> Markdown that Jupyter renders; `cited` lists the keys the
-    bibliography directive (if any) expands to."""
-    text = _FENCE.sub(functools.partial(_directive, cited=cited), text)
-    text = _ROLE.sub(_role, text)
+    bibliography directive (if any) expands to, `labels` what a reference to each
+    label reads as (``labels_of``). Glued numbers become a phrase, or with
+    ``glue=True`` stay as roles for ``prose`` to fill in."""
+    text = _FENCE.sub(
+        functools.partial(_directive, cited=cited, labels=labels, glue=glue), text
+    )
+    text = _ROLE.sub(functools.partial(_role, labels=labels, glue=glue), text)
     return re.sub(r"^\([\w:-]+\)=\s*\n", "", text, flags=re.MULTILINE)  # MyST targets
+
+
+def prose_cell(markdown: str) -> nbformat.NotebookNode:
+    """A paragraph that quotes measured numbers, as a code cell (its code hidden in
+    Colab) that shows the paragraph with the numbers this kernel measured."""
+    if '"""' in markdown or markdown.endswith("\\"):
+        raise ValueError(f"cannot quote this paragraph in a string: {markdown[:80]!r}")
+    source = (
+        "# @title Run to read this text with the numbers measured above "
+        '{ display-mode: "form" }\n'
+        "from transformer_course.viz.glue import prose\n\n"
+        f'prose(r"""{markdown}""")'
+    )
+    return nbformat.v4.new_code_cell(
+        source, metadata={"cellView": "form", "tags": ["colab-prose"]}
+    )
+
+
+def source_cell(match: re.Match) -> nbformat.NotebookNode:
+    """The code cell a notebook has where the book shows library source (a
+    ``literalinclude`` of a ``pyobject``): it prints that source."""
+    options, _ = _strip_options(match["body"])
+    what = options["pyobject"]
+    module = (
+        match["arg"]
+        .strip()
+        .removeprefix("../src/")
+        .removesuffix(".py")
+        .replace("/", ".")
+    )
+    return nbformat.v4.new_code_cell(
+        f"# the library's source of {what}, which the book shows here\n"
+        "import inspect\n\n"
+        f"import {module}\n\n"
+        f"print(inspect.getsource({module}.{what}))"
+    )
+
+
+def _split_sources(cells: list) -> list:
+    """Markdown cells cut where they include library source, with a code cell that
+    prints it in between."""
+    out = []
+    for cell in cells:
+        if cell.cell_type != "markdown":
+            out.append(cell)
+            continue
+        text, start = cell.source, 0
+        for match in _FENCE.finditer(text):
+            if match["name"] != "literalinclude" or "pyobject:" not in match["body"]:
+                continue
+            if text[start : match.start()].strip():
+                out.append(nbformat.v4.new_markdown_cell(text[start : match.start()]))
+            out.append(source_cell(match))
+            start = match.end()
+        if start == 0:
+            out.append(cell)
+        elif text[start:].strip():
+            out.append(nbformat.v4.new_markdown_cell(text[start:].lstrip("\n")))
+    return out
 
 
 def convert(md_path: Path, url: str, branch: str) -> nbformat.NotebookNode:
     nb = jupytext.read(md_path)
     cited = cited_keys(md_path.read_text())
-    for cell in nb.cells:
+    labels = labels_of(md_path.read_text())
+    nb.cells = _split_sources(nb.cells)
+    for i, cell in enumerate(nb.cells):
         if cell.cell_type == "markdown":
-            cell.source = to_plain_markdown(cell.source, cited)
+            glued = _ROLE.search(cell.source) and "{glue" in cell.source
+            cell.source = to_plain_markdown(cell.source, cited, labels, glue=glued)
+            if glued:
+                nb.cells[i] = cell = prose_cell(cell.source)
         cell.pop("id", None)
     nb.cells.insert(0, install_cell(url, branch))
     nb.metadata.pop("jupytext", None)

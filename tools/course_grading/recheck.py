@@ -106,6 +106,30 @@ def defined_functions(notebook: dict) -> list[str]:
     return names
 
 
+def imported_names(notebook: dict) -> dict[str, str]:
+    """Top-level names the notebook binds by importing them from the course library
+    (``from transformer_course.attention import masked_softmax as my_softmax``):
+    name -> the dotted name imported (parsed, not run)."""
+    names = {}
+    for _, code in submission_code(notebook):
+        with contextlib.suppress(SyntaxError):
+            for node in ast.parse(code).body:
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "transformer_course"
+                ):
+                    for a in node.names:
+                        names[a.asname or a.name] = f"{node.module}.{a.name}"
+    return names
+
+
+def _parses(code: str) -> bool:
+    try:
+        ast.parse(code)
+    except SyntaxError:
+        return False
+    return True
+
+
 class _RemoteGrad(torch.autograd.Function):
     """Connects outputs computed in the worker to the local inputs, so that ``backward``
     in a check asks the worker for the gradients."""
@@ -257,16 +281,24 @@ class RemoteFunctions:
             )
 
         call.__name__ = name
+        # the checks read the code (they cannot watch a call in the worker)
+        call.__learner_source__ = "\n".join(c for _, c in self.cells if _parses(c))
         return call
 
 
 def _missing(notebook: dict, functions: list[str]) -> str:
-    found = defined_functions(notebook)
+    found, imported = defined_functions(notebook), imported_names(notebook)
     missing = [f for f in functions if f not in found]
     if not missing:
         return ""
     parts = []
     for f in missing:
+        if f in imported:
+            parts.append(
+                f"{f} is not written in the notebook: it is bound by an import from "
+                f"the library ({imported[f]})"
+            )
+            continue
         close = difflib.get_close_matches(f, found, n=1, cutoff=0.5)
         parts.append(
             f"{f} is not defined"

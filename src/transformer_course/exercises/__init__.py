@@ -9,6 +9,9 @@ the mistake with a hint that does not give the answer away. It prints
 
 - ``ch01`` ... ``ch09``: the checks of each chapter;
 - ``pitfalls``: the known-wrong functions the checks recognise;
+- ``_method``: how an answer computes (a call into the library's own version, a loop
+  the exercise forbids, a row read at once where it is streamed), which the checks
+  refuse even when the numbers are right;
 - ``public_test``: the public otter test of a coding exercise (shapes and types only).
 """
 

@@ -15,6 +15,7 @@ import contextlib
 import functools
 import io
 import os
+import sysconfig
 import traceback
 from collections.abc import Callable, Sequence
 
@@ -83,21 +84,58 @@ def exercise_check(check: Callable[..., bool]) -> Callable[..., bool]:
 
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
+_LIBRARIES = tuple(
+    os.path.abspath(p) + os.sep
+    for p in {
+        *(sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")),
+        os.path.dirname(_PACKAGE),  # transformer_course itself
+        os.path.dirname(torch.__file__),
+    }
+)
+
+
+def _is_learners(filename: str) -> bool:
+    """A frame of the learner's own code: not this package, not an installed library
+    (torch, the standard library, transformer_course), not the instructor's grader."""
+    path = os.path.abspath(filename)
+    return not (
+        path.startswith(_LIBRARIES)
+        or filename.startswith("<frozen")
+        or f"{os.sep}course_grading{os.sep}" in path
+    )
 
 
 def _report_crash(fn, err: Exception) -> None:
+    """Print the error, the learner's own frames (the last 3) and, when the error was
+    raised deeper, inside PyTorch or the library, where that was."""
     frames = [
         f
         for f in traceback.extract_tb(err.__traceback__)
         if not os.path.abspath(f.filename).startswith(_PACKAGE)
     ]
+    own = [i for i, f in enumerate(frames) if _is_learners(f.filename)]
     name = getattr(fn, "__name__", "your function")
     print(f"✗ {name} raised {type(err).__name__}: {err}")
-    if frames:
-        print("".join(traceback.format_list(frames[-3:])).rstrip())
+    if not own:  # a library function given as the answer, or the grader's proxy
+        shown = [
+            f for f in frames if f"{os.sep}course_grading{os.sep}" not in f.filename
+        ]
+        if shown:
+            print("".join(traceback.format_list(shown[-3:])).rstrip())
+        print("Hint: print the shapes and types of the inputs your function receives.")
+        return
+    print("".join(traceback.format_list([frames[i] for i in own[-3:]])).rstrip())
+    deeper = frames[own[-1] + 1 :]
+    if deeper:
+        where = deeper[-1]
+        library = "PyTorch" if "torch" in where.filename else "a library"
+        print(
+            f"  (raised inside {library}: {os.path.basename(where.filename)}, "
+            f"in {where.name}, called from your line above)"
+        )
     print(
-        "Hint: the error comes from the code above; print the shapes of the inputs "
-        "and of each intermediate result."
+        "Hint: the last line of yours above raised it; print the shapes of what that "
+        "line passes on."
     )
 
 
@@ -156,7 +194,8 @@ def check_shape(x, expected: Sequence[int | None], name: str = "x") -> bool:
             fail(
                 f"dimension {dim} of {name} is {got}, expected {exp} "
                 f"(shape {shape}, expected {want})",
-                "print the shape after every step and compare with the comments.",
+                "print the shape after every step and compare it with the shape "
+                "asked for.",
                 kind=ShapeError,
             )
     return True
@@ -170,6 +209,8 @@ def check_close(
     rtol: float = 1e-5,
     name: str = "x",
     hint: str | None = None,
+    nan_hint: str = "a softmax over a row whose keys are all masked gives NaN; "
+    "look for a division by zero or exp of a large number.",
 ) -> bool:
     """Check that ``actual`` equals ``expected`` within ``atol + rtol * |expected|``.
 
@@ -185,8 +226,7 @@ def check_close(
         where = tuple(torch.nonzero(bad)[0].tolist())
         fail(
             f"{name} has {int(bad.sum())} NaN/inf values, the first at index {where}",
-            "a softmax over a row whose keys are all masked gives NaN; "
-            "look for a division by zero or exp of a large number.",
+            nan_hint,
         )
     diff = (actual - expected).abs()
     tol = atol + rtol * expected.abs()

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from transformer_course.additive import additive_attention
 from transformer_course.attention import scaled_dot_product_attention
 from transformer_course.exercises import pitfalls
 from transformer_course.exercises._common import (
@@ -21,29 +22,49 @@ from transformer_course.exercises._common import (
     passed,
     random_qkv,
 )
+from transformer_course.exercises._method import loops_over, own_code
 
 
 @exercise_check
-def check_soft_lookup(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> bool:
-    """Chapter 1, exercise "soft lookup": ``fn(query, keys, values)`` with query (d,),
-    keys (S, d), values (S, d_v) must return the (d_v,) weighted sum of the values with
-    weights softmax(keys @ query / sqrt(d)).
+def check_soft_lookup(fn: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]) -> bool:
+    """Chapter 1, exercise "soft lookup with missing entries": ``fn(query, keys,
+    values, valid)`` with query (d,), keys (S, d), values (S, d_v) and a bool valid
+    (S,) (False = an entry that is not there) must return the (d_v,) weighted sum of
+    the values, with weights softmax(keys @ query / sqrt(d)) over the valid keys only
+    (0 for the others).
 
     Raises:
-        CheckError: with a hint that names the mistake (hard lookup, missing scale,
-            wrong shape).
+        CheckError: with a hint that names the mistake (hard lookup, missing or wrong
+            scale, no softmax, a plain mean, ``valid`` ignored or inverted, weights
+            zeroed after the softmax, wrong shape, a call to the library's attention).
     """
+    fn = own_code(fn, scaled_dot_product_attention)
     gen = torch.Generator().manual_seed(1)
-    for s, d, dv in ((5, 4, 3), (1, 8, 2), (7, 16, 5)):
+    for s, d, dv, n_missing in (
+        (5, 4, 3, 0),
+        (1, 8, 2, 0),
+        (7, 16, 5, 0),
+        (6, 4, 3, 2),
+    ):
         q = torch.randn(d, generator=gen)
         keys = torch.randn(s, d, generator=gen)
-        values = torch.randn(s, dv, generator=gen)
-        out = fn(q, keys, values)
+        values = torch.randn(s, dv, generator=gen) * 3
+        valid = torch.ones(s, dtype=torch.bool)
+        valid[torch.randperm(s, generator=gen)[:n_missing]] = False
+        out = fn(q, keys, values, valid.clone())
         check_shape(out, (dv,), "output")
         scores = keys @ q
-        ref = torch.softmax(scores / math.sqrt(d), dim=0) @ values
+        ref = torch.softmax(scores[valid] / math.sqrt(d), dim=0) @ values[valid]
         if torch.allclose(out, ref, atol=1e-5):
             continue
+        if n_missing:
+            _missing_entries(out, scores / math.sqrt(d), values, valid)
+        elif not torch.isfinite(out).all():
+            fail(
+                "NaN although every entry is valid: your lookup treats them all as "
+                "missing, so valid is read the wrong way round",
+                "True in valid marks an entry that is there.",
+            )
         if torch.allclose(out, values[scores.argmax()], atol=1e-5):
             fail(
                 "your output is the value of the best-matching key only: a hard lookup",
@@ -54,26 +75,98 @@ def check_soft_lookup(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> bool:
                 "your output matches softmax(keys @ query) @ values without scaling",
                 "divide the scores by sqrt(d), the size of the query vector.",
             )
+        wrong_scale = {
+            "divided by d, not sqrt(d)": d,
+            "divided by sqrt(d_v), the size of a value, not sqrt(d)": math.sqrt(dv),
+        }
+        for what, by in wrong_scale.items():
+            if by != math.sqrt(d) and close(
+                out, torch.softmax(scores / by, 0) @ values
+            ):
+                fail(
+                    f"your scores are {what}",
+                    "the scale comes from the vectors that are multiplied: query and "
+                    "keys.",
+                )
+        if s > 1 and close(out, values.mean(0)):
+            fail(
+                "every value has the same weight: your output is the plain mean of "
+                "the values",
+                "the weights must depend on how well each key matches the query.",
+            )
+        if close(out, scores / math.sqrt(d) @ values):
+            fail(
+                "your weights are the scaled scores themselves: there is no softmax, "
+                "so they neither are positive nor sum to 1",
+                "turn the scores into weights that are positive and sum to 1.",
+            )
         check_close(out, ref, atol=1e-5, name="output")
-    return passed("soft lookup matches the reference on 3 random inputs")
+    return passed("soft lookup matches the reference, with and without missing entries")
+
+
+def _missing_entries(out: Tensor, scores: Tensor, values: Tensor, valid: Tensor):
+    """Name the mistakes about ``valid`` (2 of the 6 entries missing)."""
+    if close(out, torch.softmax(scores, 0) @ values):
+        fail(
+            "the missing entries were mixed in: valid is ignored",
+            "a missing entry must get weight 0, and the others share all the weight.",
+        )
+    if close(out, torch.softmax(scores[~valid], 0) @ values[~valid]):
+        fail(
+            "only the missing entries were mixed: valid is read the wrong way round",
+            "True in valid marks an entry that is there.",
+        )
+    if close(out, (torch.softmax(scores, 0) * valid) @ values):
+        fail(
+            "the missing entries' weights were set to 0 after the softmax: the "
+            "remaining weights no longer sum to 1",
+            "leave the missing entries out before normalising, not after.",
+        )
 
 
 @exercise_check
 def check_dot_product_attention(
-    fn: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]],
+    fn: Callable[..., tuple[Tensor, Tensor]], *, with_valid: bool = False
 ) -> bool:
-    """Chapter 1, exercise "batched attention": ``fn(q, k, v)`` with q (B, T, d),
-    k (B, S, d), v (B, S, d_v) must return ``(out, weights)``: out (B, T, d_v) and
-    weights (B, T, S) = softmax(q k^T / sqrt(d)) over the keys.
+    """Chapter 1, exercises "batched attention" and "find the bug": ``fn(q, k, v)``
+    with q (B, T, d), k (B, S, d), v (B, S, d_v) must return ``(out, weights)``: out
+    (B, T, d_v) and weights (B, T, S) = softmax(q k^T / sqrt(d)) over the keys. With
+    ``with_valid``, ``fn(q, k, v, valid)`` also takes a bool valid (B, S) (False = a
+    missing key, weight 0; every item has at least one valid key).
 
     Raises:
-        CheckError: naming a wrong shape, a softmax over the wrong axis, a missing scale,
-            batch items that leak into each other, or the first wrong value.
+        CheckError: naming a wrong shape, ``(weights, out)`` returned in the wrong
+            order, a softmax over the wrong axis, a missing scale, batch items that
+            leak into each other, ``valid`` ignored, inverted or applied after the
+            softmax, a loop over the batch, a call to the library's attention, or the
+            first wrong value.
     """
+    fn = own_code(fn, scaled_dot_product_attention)
     gen = torch.Generator().manual_seed(2)
+    if with_valid:
+        _check_valid_keys(fn, gen)
+        full = fn
+
+        def fn(q, k, v):  # every key valid: the checks below apply as they are
+            return full(q, k, v, torch.ones(q.shape[0], k.shape[1], dtype=torch.bool))
+
     for b, t, s, d, dv in ((2, 3, 4, 8, 5), (1, 1, 6, 4, 2), (3, 5, 2, 16, 4)):
         q, k, v = random_qkv(gen, (b,), t, s, d, dv)
         out, weights = out_and_weights(fn(q, k, v))
+        if (
+            isinstance(out, Tensor)
+            and isinstance(weights, Tensor)
+            and out.shape == (b, t, s)
+            and weights.shape == (b, t, dv)
+            and s != dv
+        ):
+            fail(
+                f"the pair is swapped: the first tensor has the weights' shape {(b, t, s)}"
+                f" and the second the output's {(b, t, dv)}",
+                "the check unpacks `out, weights = fn(q, k, v)`: return them in that "
+                "order.",
+                kind=ShapeError,
+            )
         check_shape(weights, (b, t, s), "weights")
         check_shape(out, (b, t, dv), "out")
         ref_out, ref_w = scaled_dot_product_attention(q, k, v)
@@ -106,9 +199,57 @@ def check_dot_product_attention(
                     "transpose only the last two axes of k, and never reshape across "
                     "the batch.",
                 )
+    one = random_qkv(gen, (1,), 3, 4, 8, 5)
+    four = random_qkv(gen, (4,), 3, 4, 8, 5)
+    if loops_over(fn, one, four):
+        fail(
+            "your function runs more operations for a batch of 4 than for a batch of "
+            "1: it loops over the batch, which the exercise asks you not to do",
+            "matrix products broadcast over leading axes: one q @ k^T handles every "
+            "batch item at once.",
+        )
     return passed(
         "batched dot-product attention matches the reference on 3 random inputs"
+        + (", and with missing keys" if with_valid else "")
     )
+
+
+def _check_valid_keys(fn: Callable, gen: torch.Generator) -> None:
+    q, k, v = random_qkv(gen, (3,), 2, 5, 8, 4)
+    valid = torch.tensor(
+        [[1, 1, 0, 1, 0], [0, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.bool
+    )
+    out, weights = out_and_weights(fn(q, k, v, valid.clone()))
+    check_shape(weights, (3, 2, 5), "weights")
+    check_shape(out, (3, 2, 4), "out")
+    ref_out, ref_w = scaled_dot_product_attention(q, k, v, valid[:, None, :])
+    if close(weights, ref_w):
+        check_close(out, ref_out, atol=1e-5, name="out")
+        return
+    plain = scaled_dot_product_attention(q, k, v)[1]
+    for wrong, message, hint in (
+        (
+            plain,
+            "the missing keys got weights: valid is ignored",
+            "a missing key must get weight 0, and the others share all the weight.",
+        ),
+        (
+            scaled_dot_product_attention(q, k, v, ~valid[:, None, :])[1],
+            "only the missing keys got weights: valid is read the wrong way round",
+            "True in valid marks a key that is there.",
+        ),
+        (
+            plain * valid[:, None, :],
+            (
+                "the missing keys' weights were set to 0 after the softmax: the "
+                "remaining weights no longer sum to 1"
+            ),
+            "leave the missing keys out before normalising, not after.",
+        ),
+    ):
+        if close(weights, wrong):
+            fail(message, hint)
+    check_close(weights, ref_w, atol=1e-5, name="weights (with missing keys)")
 
 
 @exercise_check
@@ -122,10 +263,10 @@ def check_encoder_attention(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
     Raises:
         CheckError: with a hint for the usual mistakes: the softmax over the decoder
             steps instead of the encoder states, a missing tanh, only the last encoder
-            state (the fixed-size bottleneck), or wrong shapes.
+            state (the fixed-size bottleneck), wrong shapes, or a call to the
+            library's ``additive_attention``.
     """
-    from transformer_course.additive import additive_attention
-
+    fn = own_code(fn, additive_attention)
     gen = torch.Generator().manual_seed(19)
     for b, t, s, h, a in ((2, 3, 5, 4, 6), (1, 4, 7, 8, 3), (3, 1, 7, 5, 2)):
         dec = torch.randn(b, t, h, generator=gen)

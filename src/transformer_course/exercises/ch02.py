@@ -22,6 +22,7 @@ from transformer_course.exercises._common import (
     passed,
     random_qkv,
 )
+from transformer_course.exercises._method import own_code
 
 _P3 = (
     (
@@ -108,8 +109,10 @@ def check_stable_softmax(fn: Callable[..., Tensor]) -> bool:
     Raises:
         CheckError: naming the wrong axis, an ignored ``dim``, overflow, an inverted
             mask (P3), a mask applied after the softmax, a NaN (P1) or uniform (P6)
-            empty row, or the first wrong value.
+            empty row, a call to the library's ``masked_softmax``, or the first wrong
+            value.
     """
+    fn = own_code(fn, masked_softmax)
     gen = torch.Generator().manual_seed(3)
     scores = torch.randn(2, 3, 5, generator=gen)  # (B, T, S), all sizes differ
     w = fn(scores)
@@ -220,8 +223,10 @@ def check_masked_attention(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
         ShapeError: for a result that is not ``(out, weights)`` or a wrong shape.
         CheckError: naming a missing 1/sqrt(d_k) (P12), a softmax over the wrong axis
             (P11), an inverted mask (P3), NaN (P1) or a uniform row (P6) for a query
-            with no key, batch items leaking into each other, or the first wrong value.
+            with no key, batch items leaking into each other, a call to the library's
+            ``scaled_dot_product_attention``, or the first wrong value.
     """
+    fn = own_code(fn, scaled_dot_product_attention)
     gen = torch.Generator().manual_seed(4)
     for b, t, s, d, dv in ((1, 2, 3, 4, 5), (2, 3, 5, 8, 4), (3, 4, 6, 16, 2)):
         q, k, v = random_qkv(gen, (b,), t, s, d, dv)
@@ -278,8 +283,10 @@ def check_attention_bthd(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
         ShapeError: for a result that is not ``(out, weights)``, an output left as
             (B, H, T, d_v), or another wrong shape.
         CheckError: naming a missing scale (P12), the wrong softmax axis (P11), an
-            inverted mask (P3), NaN (P1) or uniform (P6) rows, or the first wrong value.
+            inverted mask (P3), NaN (P1) or uniform (P6) rows, a call to the library's
+            ``scaled_dot_product_attention``, or the first wrong value.
     """
+    fn = own_code(fn, scaled_dot_product_attention)
     gen = torch.Generator().manual_seed(12)
     for b, t, s, h, d, dv, padded in (
         (1, 2, 3, 4, 8, 5, False),

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import torch
 
 from transformer_course.exercises._common import (
+    ShapeError,
     Tensor,
     check_close,
     check_shape,
@@ -14,38 +15,63 @@ from transformer_course.exercises._common import (
     fail,
     passed,
 )
+from transformer_course.exercises._method import own_code
+from transformer_course.positional import (
+    apply_rotary,
+    position_ids,
+    sinusoidal_encoding,
+)
 
 
 @exercise_check
-def check_sinusoidal_encoding(fn: Callable[[int, int], Tensor]) -> bool:
-    """Chapter 4, exercise "sinusoidal table": ``fn(max_len, d_model)`` must return the
-    (max_len, d_model) table with column 2i = sin(pos w_i), column 2i+1 = cos(pos w_i),
-    w_i = 10000^(-2i / d_model), for even *and odd* d_model (pitfall P15).
+def check_sinusoidal_encoding(fn: Callable[[Tensor, int], Tensor]) -> bool:
+    """Chapter 4, exercise "the sinusoidal rows of given positions": ``fn(positions,
+    d_model)`` with integer positions (T,), in any order and from any offset, must
+    return the (T, d_model) rows PE[p, 2i] = sin(p w_i), PE[p, 2i+1] = cos(p w_i),
+    w_i = 10000^(-2i / d_model), for even *and odd* d_model (pitfall P15), without
+    building the table up to the largest position.
 
     Raises:
-        CheckError: naming a crash on odd d_model, sines and cosines swapped or in two
-            halves, a wrong exponent, or the first wrong value.
+        CheckError: naming a crash on odd d_model, the positions ignored (rows
+            0..T-1), sines and cosines swapped or in two halves, a wrong exponent or
+            its sign, positions off by one, a call to the library's
+            ``sinusoidal_encoding``, or the first wrong value.
     """
-    from transformer_course.positional import sinusoidal_encoding
-
-    for max_len, d in ((10, 4), (50, 16), (10, 5), (7, 1)):
+    fn = own_code(fn, sinusoidal_encoding)
+    cases = (
+        (torch.arange(10), 4),
+        (torch.arange(50), 16),
+        (torch.tensor([7, 3, 12, 0, 9, 4, 11, 2, 8, 5]), 5),
+        (torch.tensor([100, 101, 102, 103, 104, 105, 106]), 1),
+        (torch.arange(1000, 1006), 6),
+    )
+    for positions, d in cases:
+        max_len = len(positions)
         try:
-            out = fn(max_len, d)
+            out = fn(positions.clone(), d)
         except NotImplementedError:
             raise  # the stub: "not attempted yet"
         except (RuntimeError, IndexError, ValueError) as err:
             fail(
-                f"fn({max_len}, {d}) raised {type(err).__name__}: {err}",
+                f"fn(positions, {d}) raised {type(err).__name__}: {err}",
                 "with an odd d_model there is one more sine column than cosine columns "
                 "(pitfall P15): fill pe[:, 0::2] and pe[:, 1::2] with angles sliced "
                 "to their own widths.",
             )
-        check_shape(out, (max_len, d), f"fn({max_len}, {d})")
+        name = f"fn({_short(positions)}, {d})"
+        check_shape(out, (max_len, d), name)
         out = out.detach().double()
-        ref = sinusoidal_encoding(max_len, d, dtype=torch.float64)
+        table = sinusoidal_encoding(int(positions.max()) + 2, d, dtype=torch.float64)
+        ref = table[positions]
         if torch.allclose(out, ref, atol=1e-5):
             continue
-        pos = torch.arange(max_len, dtype=torch.float64)[:, None]
+        if torch.allclose(out, table[:max_len], atol=1e-5):
+            fail(
+                f"{name}: your rows are those of positions 0..{max_len - 1}: the "
+                "positions argument is ignored",
+                "row t is the encoding of position positions[t].",
+            )
+        pos = positions.double()[:, None]
         if d % 2 == 0:
             ang = pos * 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
             if torch.allclose(out, torch.cat((ang.sin(), ang.cos()), -1), atol=1e-5):
@@ -68,8 +94,30 @@ def check_sinusoidal_encoding(fn: Callable[[int, int], Tensor]) -> bool:
                     "w_i = 10000 ** (-2 * i / d_model) for pair i; the exponent of "
                     "column 2i is that column index over d_model.",
                 )
-        check_close(out, ref, atol=1e-5, name=f"fn({max_len}, {d})")
-    return passed("sinusoidal table right for d_model = 4, 16, 5 (odd) and 1")
+            if torch.allclose(out, table[positions + 1], atol=1e-5):
+                fail(
+                    f"{name}: row t holds position positions[t] + 1: your positions "
+                    "are off by one",
+                    "position 0's row is sin 0, cos 0, ... = 0, 1, 0, 1, ...",
+                )
+            grows = pos * 10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+            if torch.allclose(out[:, 0::2], grows.sin(), atol=1e-5):
+                fail(
+                    "your frequencies grow with the column: the exponent's sign is "
+                    "positive",
+                    "w_i must shrink from 1 (column 0) towards 1/10000: the "
+                    "wavelengths get longer across the table.",
+                )
+        check_close(out, ref, atol=1e-5, name=name)
+    return passed(
+        "sinusoidal rows right for positions in order, shuffled and from 1000, "
+        "d_model = 4, 16, 5 (odd), 1 and 6"
+    )
+
+
+def _short(positions: Tensor) -> str:
+    values = positions.tolist()
+    return str(values) if len(values) <= 4 else f"[{values[0]}, {values[1]}, ...]"
 
 
 @exercise_check
@@ -79,11 +127,11 @@ def check_rotary_half(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
     (x_i, x_{i + d/2}) by positions * 10000^(-2i / d).
 
     Raises:
-        CheckError: naming the interleaved pairing, a reversed rotation, a changed norm,
-            or the first wrong value.
+        CheckError: naming the interleaved pairing, a reversed rotation, no rotation,
+            ignored positions, the exponent i / d, a changed norm, a call to the
+            library's ``apply_rotary``, or the first wrong value.
     """
-    from transformer_course.positional import apply_rotary
-
+    fn = own_code(fn, apply_rotary)
     gen = torch.Generator().manual_seed(40)
     for shape, offset in (((5, 4), 0), ((2, 3, 6, 8), 0), ((1, 2, 3, 16), 7)):
         x = torch.randn(*shape, generator=gen)
@@ -104,7 +152,35 @@ def check_rotary_half(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
         if torch.allclose(out, apply_rotary(x, -positions, layout="half"), atol=1e-5):
             fail(
                 "the rotation runs backwards (by -pos * theta_i)",
-                "first half: x1 * cos - x2 * sin; second half: x1 * sin + x2 * cos.",
+                "a rotation by +angle moves x1 towards x2: check the sign of the sine "
+                "in each half.",
+            )
+        if torch.allclose(out, x, atol=1e-6):
+            fail(
+                "the output equals the input: nothing was rotated",
+                "every pair (x_i, x_{i + d/2}) turns by its own angle; build the cos "
+                "and sin of those angles and mix the two halves with them.",
+            )
+        if offset and torch.allclose(
+            out, apply_rotary(x, positions - offset, layout="half"), atol=1e-5
+        ):
+            fail(
+                f"with positions {positions.tolist()} your output is the rotation "
+                f"for positions 0..{shape[-2] - 1}: the positions argument is ignored",
+                "the angle of row t comes from positions[t], not from t.",
+            )
+        half = shape[-1] // 2
+        theta = 10000.0 ** (-torch.arange(half, dtype=torch.float64) / shape[-1])
+        angle = positions[:, None].double() * theta
+        x1, x2 = x[..., :half].double(), x[..., half:].double()
+        slow = torch.cat(
+            (x1 * angle.cos() - x2 * angle.sin(), x1 * angle.sin() + x2 * angle.cos()),
+            -1,
+        )
+        if torch.allclose(out.double(), slow, atol=1e-5):
+            fail(
+                "the frequencies use i / d, not 2i / d (pair i turns too slowly)",
+                "theta_i = 10000 ** (-2 * i / d) for pair i = 0 .. d/2 - 1.",
             )
         if not torch.allclose(out.norm(dim=-1), x.norm(dim=-1), atol=1e-4):
             fail(
@@ -123,21 +199,39 @@ def check_new_token_positions(fn: Callable[[Tensor, int], Tensor]) -> bool:
     n_new) absolute positions of the newest tokens, counting real tokens only.
 
     Raises:
-        CheckError: naming positions restarted at 0 for the new chunk (pitfall P16),
-            padding counted as positions, or the first wrong value.
+        CheckError: naming positions that are not integers, positions restarted at 0
+            for the new chunk (pitfall P16), the first n_new columns taken instead of
+            the last, padding counted as positions, a call to ``position_ids``, or the
+            first wrong value.
     """
-    from transformer_course.positional import position_ids
-
+    fn = own_code(fn, position_ids)
     keep_full = torch.ones(1, 7, dtype=torch.bool)
     keep_left = torch.tensor(
         [[False, False, True, True, True, True], [True, True, True, True, True, True]]
     )
-    for keep, n_new in ((keep_full, 3), (keep_full, 1), (keep_left, 2)):
+    for keep, n_new in ((keep_left, 2), (keep_full, 3), (keep_full, 1)):
         out = fn(keep, n_new)
         check_shape(out, (keep.shape[0], n_new), "positions")
+        if out.dtype.is_floating_point or out.dtype == torch.bool:
+            fail(
+                f"the positions have dtype {out.dtype}, expected an integer dtype "
+                "(torch.long)",
+                "positions index a table (a learned position embedding, a cache of "
+                "cos and sin): a float cannot index. Count with integers.",
+                kind=ShapeError,
+            )
         ref = position_ids(n_new, offset=keep.shape[1] - n_new, keep=keep)
         if torch.equal(out.long(), ref):
             continue
+        counted = (keep.long().cumsum(-1) - 1).clamp(min=0)
+        first = (counted[:, :n_new], keep.long().cumsum(-1)[:, :n_new] - 1)
+        if n_new < keep.shape[1] and any(torch.equal(out.long(), f) for f in first):
+            fail(
+                f"the {n_new} new token(s) got positions {out[0].tolist()}: those of "
+                f"the first {n_new} token(s) of the text, expected {ref[0].tolist()}",
+                "the newest tokens are at the end of keep: which columns of your "
+                "count belong to them?",
+            )
         if torch.equal(out.long(), torch.arange(n_new).expand_as(ref)):
             fail(
                 f"the {n_new} new token(s) got positions {out[0].tolist()}: they were "
@@ -150,11 +244,29 @@ def check_new_token_positions(fn: Callable[[Tensor, int], Tensor]) -> bool:
             fail(
                 f"row 0 got positions {out[0].tolist()}, expected {ref[0].tolist()}: "
                 "the left padding was counted",
-                "count real tokens only: keep.cumsum(-1) - 1, then the last n_new "
-                "columns.",
+                "a padded slot has no position: count only the real tokens before "
+                "each new one.",
+            )
+        if torch.equal(out.long(), counted[:, -n_new:] + 1):
+            fail(
+                f"positions {out.tolist()}, expected {ref.tolist()}: one too high, "
+                "the count of real tokens starts at 1",
+                "the first real token is at position 0.",
+            )
+        by_batch = keep.long().cumsum(0) - 1
+        padding = (~keep).long().cumsum(-1) - 1
+        if torch.equal(out.long(), by_batch[:, -n_new:]) or torch.equal(
+            out.long(), padding[:, -n_new:]
+        ):
+            fail(
+                f"positions {out.tolist()}, expected {ref.tolist()} (keep = "
+                f"{keep.int().tolist()}, n_new = {n_new}): you counted along the "
+                "batch axis or counted the padding",
+                "count, within each row, the real tokens (True) before each token.",
             )
         fail(
             f"positions {out.tolist()}, expected {ref.tolist()} "
-            f"(keep = {keep.int().tolist()}, n_new = {n_new})"
+            f"(keep = {keep.int().tolist()}, n_new = {n_new})",
+            "a token's position is the number of real tokens before it in its row.",
         )
     return passed("new tokens get their absolute positions, with and without padding")

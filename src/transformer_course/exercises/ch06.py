@@ -14,6 +14,8 @@ from transformer_course.exercises._common import (
     fail,
     passed,
 )
+from transformer_course.exercises._method import own_code
+from transformer_course.training import make_criterion, noam_lr, translation_loss
 
 
 @exercise_check
@@ -24,10 +26,10 @@ def check_noam_lr(fn: Callable[[int, int, int], float]) -> bool:
 
     Raises:
         CheckError: naming the first (step, d_model, warmup) that is wrong, with a hint
-            for a peak at the wrong step, a missing d_model factor or a swapped min/max.
+            for a peak at the wrong step, a missing d_model factor, a swapped min/max,
+            a step off by one, or a call to the library's ``noam_lr``.
     """
-    from transformer_course.training import noam_lr
-
+    fn = own_code(fn, noam_lr)
     for d_model, warmup in ((512, 4000), (128, 400), (64, 10)):
         for step in (1, warmup // 2, warmup, 2 * warmup, 10 * warmup):
             got, want = float(fn(step, d_model, warmup)), noam_lr(step, d_model, warmup)
@@ -39,6 +41,12 @@ def check_noam_lr(fn: Callable[[int, int, int], float]) -> bool:
                     f"{want:.3g}: off by a factor sqrt(d_model)",
                     "multiply by d_model ** -0.5.",
                 )
+            if math.isclose(got, noam_lr(step + 1, d_model, warmup), rel_tol=1e-6):
+                fail(
+                    f"fn({step}, {d_model}, {warmup}) = {got:.6g}, expected "
+                    f"{want:.6g}: that is the rate of step {step + 1}, one step late",
+                    "the formula's step counts from 1: use step as it is given.",
+                )
             if step != warmup and math.isclose(
                 got, d_model**-0.5 * max(step**-0.5, step * warmup**-1.5), rel_tol=1e-6
             ):
@@ -47,10 +55,36 @@ def check_noam_lr(fn: Callable[[int, int, int], float]) -> bool:
                     f"{want:.3g}: max instead of min",
                     "the rate is the smaller of the rising and the decaying branch.",
                 )
+            value = f"fn({step}, {d_model}, {warmup}) = {got:.6g}, expected {want:.6g}"
+            for factor, message, hint in (
+                (
+                    d_model,
+                    "the d_model factor is upside down (d_model ** +0.5)",
+                    "a larger model must get a smaller rate.",
+                ),
+                (
+                    math.sqrt(warmup),
+                    "off by a factor sqrt(warmup) at every step",
+                    (
+                        "write both branches with warmup in them and check that they meet "
+                        "at step = warmup."
+                    ),
+                ),
+                (
+                    warmup if step < warmup else math.nan,
+                    "the rising branch is off by a factor warmup",
+                    (
+                        "at step = warmup the rising branch must equal the decaying one, "
+                        "warmup ** -0.5."
+                    ),
+                ),
+            ):
+                if math.isclose(got, want * factor, rel_tol=1e-6):
+                    fail(f"{value}: {message}", hint)
             fail(
-                f"fn({step}, {d_model}, {warmup}) = {got:.6g}, expected {want:.6g}",
-                "rising branch step * warmup ** -1.5, decaying branch step ** -0.5; "
-                "they meet at step = warmup.",
+                value,
+                "compute both branches at step = warmup // 2 and step = 2 * warmup by "
+                "hand: the rate is the smaller one.",
             )
     return passed("the warmup schedule matches equation (3) at 15 points")
 
@@ -64,8 +98,10 @@ def check_label_smoothed_loss(fn: Callable[..., Tensor]) -> bool:
 
     Raises:
         CheckError: with a hint for padding counted in the loss or the average,
-            smoothing spread over V - 1 tokens, or no smoothing at all.
+            smoothing spread over V - 1 tokens, no smoothing at all, or a call to
+            the library's ``make_criterion``.
     """
+    fn = own_code(fn, make_criterion)
     gen = torch.Generator().manual_seed(6)
     for n, v, eps in ((8, 5, 0.1), (12, 7, 0.2), (5, 3, 0.0)):
         logits = torch.randn(n, v, generator=gen) * 2
@@ -109,11 +145,56 @@ def check_label_smoothed_loss(fn: Callable[..., Tensor]) -> bool:
                 "the smoothing mass is spread over the V - 1 wrong tokens",
                 "PyTorch spreads eps / V over all V tokens, the right one included.",
             )
+        value = f"loss = {got.item():.5f}, expected {want.item():.5f}"
+        p = logits.softmax(-1)
+        q_y = -eps / v * (logp.sum(-1) + nll)  # eps / V on every token but the target
+        wrong = (
+            (
+                per_pos[keep].sum() / n,
+                (
+                    "the sum over the real positions is divided by all N positions, "
+                    "padding included"
+                ),
+                "average over the positions that count, and only those.",
+            ),
+            (
+                ((1 - eps) * -p.gather(1, target[:, None])[:, 0] - eps / v * p.sum(-1))[
+                    keep
+                ].mean(),
+                "probabilities are used where log-probabilities belong",
+                "cross-entropy weighs log p, not p.",
+            ),
+            (
+                ((1 - eps) * nll + q_y)[keep].mean(),
+                "the target token misses its own eps / V share",
+                (
+                    "q puts eps / V on every token, the target included, on top of its "
+                    "1 - eps."
+                ),
+            ),
+            (
+                (per_pos / v)[keep].mean(),
+                "the loss is averaged over the V tokens, not summed",
+                "a cross-entropy sums q_v log p_v over the vocabulary.",
+            ),
+        )
+        for loss, message, hint in wrong:
+            if eps > 0 and torch.allclose(got, loss, atol=1e-5):
+                fail(f"{value}: {message}", hint)
+        logp0 = logits.log_softmax(0)
+        nll0 = -logp0.gather(1, target[:, None])[:, 0]
+        if torch.allclose(
+            got, ((1 - eps) * nll0 - eps / v * logp0.sum(-1))[keep].mean()
+        ):
+            fail(
+                f"{value}: the log-softmax ran over the positions (dim=0), not the "
+                "vocabulary",
+                "each position's probabilities sum to 1 over the V tokens.",
+            )
         fail(
-            f"loss = {got.item():.5f}, expected {want.item():.5f} (N={n}, V={v}, "
-            f"eps={eps})",
-            "-(1 - eps) * log p[target] - eps / V * sum(log p), averaged over "
-            "positions whose target is not pad_id.",
+            f"{value} (N={n}, V={v}, eps={eps})",
+            "compute q for one position by hand: it must sum to 1, with 1 - eps + "
+            "eps / V on the target.",
         )
     return passed("label-smoothed loss equals nn.CrossEntropyLoss on 3 random batches")
 
@@ -126,10 +207,13 @@ def check_teacher_forcing_loss(fn: Callable[..., Tensor]) -> bool:
 
     Raises:
         CheckError: for the unshifted version (the decoder sees the token it must
-            predict), a shift in the wrong direction, or a different value.
+            predict), labels equal to the decoder input, a shift in the wrong
+            direction, the given criterion ignored, a call to the library's
+            ``translation_loss``, or a different value.
     """
     from transformer_course.model import TransformerConfig, make_model
-    from transformer_course.training import make_criterion, translation_loss
+
+    fn = own_code(fn, translation_loss)
 
     gen = torch.Generator().manual_seed(7)
     cfg = TransformerConfig(
@@ -163,16 +247,43 @@ def check_teacher_forcing_loss(fn: Callable[..., Tensor]) -> bool:
         )
     if torch.allclose(got.reshape(()), want, atol=1e-5):
         return passed("the decoder reads tgt[:, :-1] and predicts tgt[:, 1:]")
-    logits = model(src, tgt)
-    same = crit(logits.reshape(-1, 10), tgt.reshape(-1))
-    if torch.allclose(got.reshape(()), same, atol=1e-5):
+    got = got.reshape(())
+    logits = model(src, tgt[:, :-1])  # (B, T - 1, V)
+    flat, labels = logits.reshape(-1, 10), tgt[:, 1:].reshape(-1)
+    full = model(src, tgt)  # (B, T, V)
+    reading = (
+        crit(full.reshape(-1, 10), tgt.reshape(-1)),
+        crit(flat, tgt[:, :-1].reshape(-1)),
+        crit(full[:, 1:].reshape(-1, 10), labels),
+    )
+    if any(torch.allclose(got, wrong, atol=1e-5) for wrong in reading):
         fail(
-            "the decoder input and the labels are the same sequence: position t "
-            "is asked for the token it is reading",
-            "input tgt[:, :-1] (from BOS), labels tgt[:, 1:] (up to EOS).",
+            "your labels are the tokens the decoder reads: position t is asked for "
+            "the token at its own input, so the decoder reads its answer (the "
+            "chapter's pitfall)",
+            "line up, for one row, the decoder input and the labels: each label "
+            "must be the input one position later.",
+        )
+    backwards = crit(model(src, tgt[:, 1:]).reshape(-1, 10), tgt[:, :-1].reshape(-1))
+    if torch.allclose(got, backwards, atol=1e-5):
+        fail(
+            "the shift runs the wrong way: the decoder reads the sequence without BOS "
+            "and is asked for the token before each one",
+            "the decoder starts from BOS and predicts the next token, up to EOS.",
+        )
+    plain = (
+        torch.nn.functional.cross_entropy(flat, labels),
+        torch.nn.functional.cross_entropy(flat, labels, ignore_index=0),
+    )
+    if any(torch.allclose(got, wrong, atol=1e-5) for wrong in plain):
+        fail(
+            f"loss = {got.item():.5f}, expected {want.item():.5f}: the shift is right, "
+            "but the loss is not the criterion passed in (no label smoothing)",
+            "score the logits with the criterion argument, which smooths the labels "
+            "and ignores padding.",
         )
     fail(
         f"loss = {got.item():.5f}, expected {want.item():.5f}",
-        "logits = model(src, tgt[:, :-1]); compare logits.reshape(-1, V) with "
-        "tgt[:, 1:].reshape(-1).",
+        "which tokens does the decoder read, and which must it predict? Print both "
+        "for one row of tgt.",
     )

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from transformer_course.contrastive import contrastive_loss
 from transformer_course.exercises._common import (
     ShapeError,
     Tensor,
@@ -19,46 +20,83 @@ from transformer_course.exercises._common import (
     fail,
     passed,
 )
+from transformer_course.exercises._method import loops_over, own_code
+from transformer_course.vision import patchify
 
 
-def _loop_patches(images: Tensor, p: int) -> Tensor:
-    B, H, W = images.shape
-    out = [
-        images[:, r * p : (r + 1) * p, c * p : (c + 1) * p].reshape(B, p * p)
-        for r in range(H // p)
-        for c in range(W // p)
-    ]
-    return torch.stack(out, dim=1)  # (B, N, p * p)
+def _loop_patches(images: Tensor, p: int, channels_last: bool = False) -> Tensor:
+    """(B, C, H, W) -> (B, N, C * p * p), each patch flattened as (C, p, p), or as
+    (p, p, C) with ``channels_last``."""
+    B, _, H, W = images.shape
+    out = []
+    for r in range(H // p):
+        for c in range(W // p):
+            patch = images[
+                :, :, r * p : (r + 1) * p, c * p : (c + 1) * p
+            ]  # (B, C, p, p)
+            out.append(
+                (patch.permute(0, 2, 3, 1) if channels_last else patch).reshape(B, -1)
+            )
+    return torch.stack(out, dim=1)  # (B, N, C * p * p)
 
 
 @exercise_check
 def check_patchify(fn: Callable[[Tensor, int], Tensor]) -> bool:
-    """Chapter 8, exercise "find the bug: patchify": ``fn(images, p)`` must turn
-    (B, H, W) images into (B, N, p * p) square patches, row-major patch order.
+    """Chapter 8, exercise "find the bug: patchify colour images": ``fn(images, p)``
+    must turn (B, C, H, W) images into (B, N, C * p * p) square patches in row-major
+    patch order, each patch flattened as (C, p, p), the order of a ``Conv2d(C, D, p,
+    stride=p)`` patch embedding's weight (Dosovitskiy et al. 2021, section 3.1).
 
     Raises:
         CheckError: for a wrong shape, the plain ``reshape`` / ``view`` that cuts rows
-            into strips, a column-major patch order, or any other difference.
+            into strips, a column-major patch order, channels last inside a patch, the
+            height and width swapped, a loop over patches or images, a call to the
+            library's ``patchify``, or any other difference.
     """
-    images = torch.arange(2 * 8 * 12, dtype=torch.float32).reshape(2, 8, 12)
-    want = _loop_patches(images, 4)  # (2, 6, 16)
+    fn = own_code(fn, patchify)
+    images = torch.arange(2 * 3 * 8 * 12, dtype=torch.float32).reshape(2, 3, 8, 12)
+    want = _loop_patches(images, 4)  # (2, 6, 48)
     got = fn(images, 4)
     if not isinstance(got, Tensor) or got.shape != want.shape:
         shape = tuple(got.shape) if isinstance(got, Tensor) else type(got).__name__
         fail(
-            f"expected a tensor of shape {tuple(want.shape)} (B, N, p * p), got "
+            f"expected a tensor of shape {tuple(want.shape)} (B, N, C * p * p), got "
             f"{shape}",
-            "N = (H / p) * (W / p) patches of p * p pixels each.",
+            "N = (H / p) * (W / p) patches, each holding p * p pixels of all C "
+            "channels.",
             kind=ShapeError,
         )
     if torch.equal(got, want):
-        return passed("square patches in row-major order")
-    if torch.equal(got, images.reshape(2, -1, 16)):
+        small, large = torch.zeros(1, 3, 8, 8), torch.zeros(3, 3, 16, 16)
+        if loops_over(fn, (small, 4), (large, 4)):
+            fail(
+                "your function runs more operations for more images or more patches: "
+                "it loops, which the exercise asks you not to do",
+                "one reshape gives each patch row, patch column and pixel its own "
+                "axis; one permute puts them in order.",
+            )
+        return passed("square colour patches in row-major order, flattened (C, p, p)")
+    if torch.equal(got, images.reshape(2, -1, 48)):
         fail(
-            "each 'patch' is 16 consecutive pixels of one image row (a strip), not a "
-            "4 x 4 square: a reshape keeps the memory order of the pixels",
-            "a square patch takes p pixels from each of p rows: give the rows and "
-            "the columns their own patch and within-patch axes before flattening.",
+            "each 'patch' is 48 consecutive numbers in memory (pixel rows of one "
+            "channel), not a 4 x 4 square of all 3 channels: a reshape keeps the "
+            "memory order",
+            "a square patch takes p pixels from each of p rows, in every channel: "
+            "give the rows and the columns their own patch and within-patch axes "
+            "before flattening.",
+        )
+    if torch.equal(got, _loop_patches(images, 4, channels_last=True)):
+        fail(
+            "the right squares in the right order, but each patch is flattened "
+            "(p, p, C), channels last",
+            "the exercise asks for (C, p, p), the order of a Conv2d patch "
+            "embedding's weight: the channel axis goes first within a patch.",
+        )
+    if torch.equal(got, _loop_patches(images.transpose(2, 3), 4)):
+        fail(
+            "your patches are the squares of the transposed image: the height and "
+            "width axes were swapped",
+            "images are (B, C, H, W): the first spatial axis is the rows.",
         )
     same_set = all(any(torch.equal(a, b) for b in want[0]) for a in got[0])
     if same_set:
@@ -68,7 +106,7 @@ def check_patchify(fn: Callable[[Tensor, int], Tensor]) -> bool:
         )
     fail(
         "the patches differ from the squares of the image",
-        "compare fn(x, 4)[0, 0] with x[0, :4, :4].flatten().",
+        "compare fn(x, 4)[0, 0] with x[0, :, :4, :4].flatten().",
     )
 
 
@@ -85,20 +123,51 @@ def _hand_loss(img: Tensor, txt: Tensor, scale: float) -> float:
     return total / (2 * B)
 
 
+MAX_SCALE = 100.0  # CLIP clips the logit scale at 100 (Radford et al. 2021, 2.5)
+
+
 @exercise_check
-def check_clip_loss(fn: Callable[[Tensor, Tensor, float], Tensor]) -> bool:
-    """Chapter 8, exercise "the symmetric InfoNCE loss": ``fn(image_emb, text_emb,
-    logit_scale)`` on (B, E) embeddings (not yet normalised) must return CLIP's loss.
+def check_clip_loss(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> bool:
+    """Chapter 8, exercise "InfoNCE with CLIP's learned temperature": ``fn(image_emb,
+    text_emb, log_scale)`` on (B, E) embeddings (not yet normalised) and the learned
+    parameter as CLIP stores it, the log of the logit scale (a 0-d tensor), must return
+    CLIP's symmetric loss with the scale exp(log_scale) clipped at 100 (Radford et al.
+    2021, figure 3 and section 2.5).
 
     Raises:
-        CheckError: for a non-scalar result, missing L2 normalisation, a missing scale,
-            the one-sided loss (images to texts only), or any other difference.
+        CheckError: for a non-scalar result, inputs changed in place (``backward``
+            then fails in training), missing L2 normalisation or one over the batch
+            axis, log_scale used as the scale, a scale that is not clipped, missing or
+            divided by, the one-sided loss (images to texts only), the two directions
+            summed, not averaged, a call to the library's ``contrastive_loss``, or any
+            other difference.
     """
+    fn = own_code(fn, contrastive_loss)
     g = torch.Generator().manual_seed(8)
     img, txt = 3 * torch.randn(6, 5, generator=g), torch.randn(6, 5, generator=g)
-    scale = 4.0
+    for log_scale in (math.log(4.0), 5.0):  # scale 4, and exp(5) = 148 clipped to 100
+        _check_clip_once(fn, img, txt, log_scale)
+    return passed(
+        "symmetric InfoNCE on normalised embeddings, scale exp(log_scale) clipped at 100"
+    )
+
+
+def _check_clip_once(fn, img: Tensor, txt: Tensor, log_scale: float) -> None:
+    scale = min(math.exp(log_scale), MAX_SCALE)
     want = _hand_loss(img, txt, scale)
-    got = fn(img, txt, scale)
+    img_in, txt_in = img.clone(), txt.clone()
+    versions = img_in._version, txt_in._version
+    got = fn(img_in, txt_in, torch.tensor(log_scale))
+    if (img_in._version, txt_in._version) != versions or not (
+        torch.equal(img_in, img) and torch.equal(txt_in, txt)
+    ):
+        fail(
+            "your function changed its input embeddings in place (e.g. with /=): in "
+            "training, backward() then fails, because autograd needs the embeddings "
+            "as the encoders produced them",
+            "normalise into new tensors (x = x / ...), leaving the arguments as "
+            "they are.",
+        )
     if not isinstance(got, Tensor) or got.numel() != 1:
         fail(
             "expected a scalar loss tensor",
@@ -107,31 +176,75 @@ def check_clip_loss(fn: Callable[[Tensor, Tensor, float], Tensor]) -> bool:
         )
     got = float(got)
     if math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-5):
-        return passed("symmetric InfoNCE on normalised embeddings, scaled")
-    labels = torch.arange(6)
-    unnorm = (
-        F.cross_entropy(scale * img @ txt.T, labels)
-        + F.cross_entropy(scale * txt @ img.T, labels)
-    ) / 2
+        return
+    value = f"log_scale = {log_scale:.3f}: loss = {got:.5f}, expected {want:.5f}"
+    if math.isclose(got, _hand_loss(img, txt, log_scale), rel_tol=1e-4):
+        fail(
+            f"{value}: log_scale was used as the scale itself",
+            "CLIP learns the log of the scale, so that it stays positive: "
+            "exponentiate it first.",
+        )
+    if scale < math.exp(log_scale) and math.isclose(
+        got, _hand_loss(img, txt, math.exp(log_scale)), rel_tol=1e-4
+    ):
+        fail(
+            f"{value}: the scale exp({log_scale:g}) = {math.exp(log_scale):.1f} was "
+            "not clipped at 100",
+            "CLIP clips the scale so that training stays stable: the largest scale "
+            "it allows is 100.",
+        )
+    labels = torch.arange(len(img))
     i, t = F.normalize(img, dim=-1), F.normalize(txt, dim=-1)
-    one_sided = F.cross_entropy(scale * i @ t.T, labels)
-    unscaled = (F.cross_entropy(i @ t.T, labels) + F.cross_entropy(t @ i.T, labels)) / 2
+
+    def both(logits: Tensor) -> Tensor:  # the two cross-entropies, not yet averaged
+        return F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)
+
+    i0, t0 = F.normalize(img, dim=0), F.normalize(txt, dim=0)
     for wrong, message, hint in (
-        (unnorm, "the embeddings are not L2-normalised", "F.normalize(x, dim=-1)."),
         (
-            one_sided,
+            both(scale * img @ txt.T) / 2,
+            "the embeddings are not L2-normalised",
+            "F.normalize(x, dim=-1).",
+        ),
+        (
+            F.cross_entropy(scale * i @ t.T, labels),
             "only the image-to-text direction is scored",
             "add the cross-entropy of logits.T (texts choosing images) and halve.",
         ),
         (
-            unscaled,
-            "the cosine similarities are not multiplied by logit_scale",
-            "logits = logit_scale * image @ text.T.",
+            both(i @ t.T) / 2,
+            "the cosine similarities are not multiplied by the scale",
+            "the scale multiplies the cosines before the softmax.",
+        ),
+        (
+            both(i @ t.T / scale) / 2,
+            "the cosine similarities are divided by the scale",
+            (
+                "the scale is the inverse of a temperature: a larger scale must "
+                "make the softmax sharper."
+            ),
+        ),
+        (
+            both(scale * i @ t.T),
+            f"{value}, twice the expected: the two directions are added, not averaged",
+            "the loss is the mean of the image-to-text and text-to-image terms.",
+        ),
+        (
+            both(scale * i0 @ t0.T) / 2,
+            (
+                "each embedding dimension was normalised over the batch (dim=0), "
+                "not each embedding over its features"
+            ),
+            (
+                "cosine similarity divides each row by its own length: which axis "
+                "holds one embedding's features?"
+            ),
         ),
     ):
         if math.isclose(got, float(wrong), rel_tol=1e-4):
             fail(message, hint)
     fail(
-        f"loss = {got:.5f}, expected {want:.5f}",
-        "labels = torch.arange(B): pair i is the positive of row i and column i.",
+        value,
+        "compute the loss of B = 2 pairs by hand: the normalised embeddings, the "
+        "scaled cosines, then each row's and each column's cross-entropy.",
     )

@@ -13,6 +13,12 @@ from collections.abc import Callable
 
 import torch
 
+from transformer_course.distill import (
+    mean_pool,
+    nearest_neighbours,
+    neighbour_agreement,
+    soft_target_loss,
+)
 from transformer_course.exercises._common import (
     ShapeError,
     Tensor,
@@ -20,6 +26,7 @@ from transformer_course.exercises._common import (
     fail,
     passed,
 )
+from transformer_course.exercises._method import own_code
 
 
 def _loop_mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
@@ -37,9 +44,10 @@ def check_mean_pool(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
     (Reimers and Gurevych 2019).
 
     Raises:
-        CheckError: for a wrong shape (``ShapeError``), padding counted in the mean, or
-            any other difference.
+        CheckError: for a wrong shape (``ShapeError``), padding counted in the mean, a
+            call to the library's ``mean_pool``, or any other difference.
     """
+    fn = own_code(fn, mean_pool)
     gen = torch.Generator().manual_seed(9)
     hidden = torch.randn(4, 6, 5, generator=gen)
     mask = torch.tensor(
@@ -67,6 +75,22 @@ def check_mean_pool(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
             "the padded tokens are averaged in too",
             "row 2 of the test batch has one real token: its mean is that token.",
         )
+    summed = (hidden * mask[..., None]).sum(1)  # (B, D)
+    for count, message in (
+        (mask.shape[1], "divided by S, the padded length, not by the real tokens"),
+        (mask.sum(), "divided by the real tokens of the whole batch, not of the row"),
+    ):
+        if torch.allclose(got, summed / count, atol=1e-5):
+            fail(
+                f"the sum of the real tokens is {message}",
+                "each sentence is averaged over its own real tokens.",
+            )
+    inverted = _loop_mean_pool(hidden[1:], ~mask[1:])
+    if torch.allclose(got[1:], inverted, atol=1e-5):
+        fail(
+            "the mask is inverted: your mean is over the padding, not the real tokens",
+            "True in the mask marks a real token.",
+        )
     fail(
         "the pooled vectors differ from the mean of the real tokens",
         "compare fn(hidden, mask)[1] with hidden[1, :3].mean(0) (three real tokens).",
@@ -91,6 +115,14 @@ def _loop_agreement(emb: Tensor, ref: Tensor) -> float:
     return sum(same) / len(same)
 
 
+def _farthest_agreement(emb: Tensor, ref: Tensor) -> float:
+    def farthest(x: Tensor) -> Tensor:
+        x = torch.nn.functional.normalize(x.double(), dim=-1)
+        return (x @ x.T).fill_diagonal_(math.inf).argmin(-1)
+
+    return (farthest(emb) == farthest(ref)).double().mean().item()
+
+
 @exercise_check
 def check_neighbour_agreement(fn: Callable[[Tensor, Tensor], float]) -> bool:
     """Chapter 9, exercise "nearest-neighbour agreement": ``fn(emb, ref)`` with (N, D)
@@ -99,19 +131,28 @@ def check_neighbour_agreement(fn: Callable[[Tensor, Tensor], float]) -> bool:
 
     Raises:
         CheckError: for a result that is not a number (``ShapeError``), a row counted
-            as its own neighbour, dot products used instead of cosines, or any other
+            as its own neighbour (also by a diagonal filled with 0 rather than -inf),
+            dot products used instead of cosines, a count or a percentage instead of
+            a share, a call to the library's ``neighbour_agreement``, or any other
             difference.
     """
+    fn = own_code(fn, neighbour_agreement, nearest_neighbours)
     gen = torch.Generator().manual_seed(9)
     ref = torch.randn(30, 8, generator=gen)
     scaled = ref * torch.linspace(0.2, 5.0, 30)[:, None]  # same cosines, other norms
     noisy = ref + 0.8 * torch.randn(30, 8, generator=gen)
-    for emb, name in (
-        (ref, "the same embeddings"),
-        (scaled, "rescaled rows"),
-        (noisy, "noisy embeddings"),
+    gen = torch.Generator().manual_seed(1)
+    apart = torch.randn(10, 8, generator=gen)
+    apart[:, 0] += 4  # every row points along +e_0 ...
+    apart[0] = -apart[0]  # ... but row 0: its cosines with all the others are < 0
+    apart_noisy = apart + 0.5 * torch.randn(10, 8, generator=gen)
+    for emb, ref_, name in (
+        (ref, ref, "the same embeddings"),
+        (scaled, ref, "rescaled rows"),
+        (noisy, ref, "noisy embeddings"),
+        (apart_noisy, apart, "a row opposite all the others"),
     ):
-        got = fn(emb, ref)
+        got = fn(emb, ref_)
         if isinstance(got, Tensor) and got.numel() == 1:
             got = got.item()
         if not isinstance(got, (int, float)):
@@ -121,9 +162,23 @@ def check_neighbour_agreement(fn: Callable[[Tensor, Tensor], float]) -> bool:
                 "average the matches over the rows.",
                 kind=ShapeError,
             )
-        want = _loop_agreement(emb, ref)
+        want = _loop_agreement(emb, ref_)
         if math.isclose(got, want, abs_tol=1e-6):
             continue
+        for factor, what in ((len(emb), "a count of rows"), (100, "a percentage")):
+            if math.isclose(got, want * factor, abs_tol=1e-4):
+                fail(
+                    f"{name}: got {got:.3f}, expected {want:.3f}: that is {what}, "
+                    f"not a share",
+                    "return the fraction of rows that agree, a number between 0 and 1.",
+                )
+        if name == "a row opposite all the others":
+            fail(
+                f"{name}: got {got:.3f}, expected {want:.3f}: row 0, whose cosines "
+                "with every other row are negative, was matched to itself",
+                "a row's similarity with itself must lose against every other row: "
+                "what value does the diagonal need for that, whatever the cosines?",
+            )
         if math.isclose(got, 1.0) and name != "the same embeddings":
             fail(
                 f"{name}: got 1.0, expected {want:.3f}",
@@ -135,6 +190,12 @@ def check_neighbour_agreement(fn: Callable[[Tensor, Tensor], float]) -> bool:
                 f"{name}: got {got:.3f}, expected {want:.3f}",
                 "rescaling a row does not change its direction: which similarity "
                 "ignores the length of the vectors?",
+            )
+        if math.isclose(got, _farthest_agreement(emb, ref_), abs_tol=1e-6):
+            fail(
+                f"{name}: got {got:.3f}, expected {want:.3f}: that is the agreement "
+                "of the least similar rows",
+                "a neighbour is the row with the largest cosine similarity.",
             )
         fail(
             f"{name}: got {got:.3f}, expected {want:.3f}",
@@ -161,14 +222,18 @@ def _hand_soft_loss(
 
 @exercise_check
 def check_soft_target_loss(fn: Callable[[Tensor, Tensor, float], Tensor]) -> bool:
-    """Chapter 9, exercise "find the bug: soft targets": ``fn(student_logits,
+    """Chapter 9, exercise "find the bug: a confident teacher": ``fn(student_logits,
     teacher_logits, T)`` must return T^2 KL(softmax(t / T) || softmax(s / T)),
-    averaged over rows (Hinton et al. 2015, section 2).
+    averaged over rows (Hinton et al. 2015, section 2), finite also when a teacher
+    probability underflows in float32 (teacher logits [0, 60, 120] at T = 1).
 
     Raises:
         CheckError: for a non-scalar result (``ShapeError``), the temperature on one
-            side only, swapped KL arguments, a missing T^2, or any other difference.
+            side only, swapped KL arguments, a missing T^2, NaN from log 0 for a
+            confident teacher, a call to the library's ``soft_target_loss``, or any
+            other difference.
     """
+    fn = own_code(fn, soft_target_loss)
     gen = torch.Generator().manual_seed(9)
     s, t = torch.randn(6, 10, generator=gen), 2 * torch.randn(6, 10, generator=gen)
     for T in (1.0, 2.0, 5.0):
@@ -200,8 +265,75 @@ def check_soft_target_loss(fn: Callable[[Tensor, Tensor, float], Tensor]) -> boo
                 f"T = {T}: got {got:.4f}, expected {want:.4f}: T^2 is missing",
                 "the gradient shrinks like 1 / T^2; what undoes that in the loss?",
             )
+        value = f"T = {T}: got {got:.4f}, expected {want:.4f}"
+        p_t = torch.softmax(t.double() / T, -1)
+        log_q = torch.log_softmax(s.double() / T, -1)
+        entropy = -(p_t * p_t.log()).sum(-1).mean().item()
+        per_entry = (p_t * (p_t.log() - log_q)).mean().item()
+        for wrong, message, hint in (
+            (
+                want / T,
+                "the loss is multiplied by T, not T^2",
+                "the gradient of the softened loss shrinks like 1 / T^2.",
+            ),
+            (
+                T * T * -(p_t * torch.log_softmax(s.double(), -1)).sum(-1).mean().item()
+                - T * T * entropy,
+                "the student is not softened",
+                "both distributions are taken at the same temperature.",
+            ),
+            (
+                want + T * T * entropy,
+                (
+                    "that is the cross-entropy: it includes the teacher's entropy, which "
+                    "KL subtracts"
+                ),
+                "KL(p || q) = sum p (log p - log q).",
+            ),
+            (
+                T * T * per_entry,
+                (
+                    "the KL was averaged over every entry (reduction='mean'), not summed "
+                    "over the classes"
+                ),
+                (
+                    "average over rows only: sum over the classes first (PyTorch's "
+                    "'batchmean')."
+                ),
+            ),
+        ):
+            if math.isclose(got, wrong, rel_tol=1e-4):
+                fail(f"{value}: {message}", hint)
+        p0 = torch.softmax(t.double() / T, 0)
+        kl0 = (p0 * (p0.log() - torch.log_softmax(s.double() / T, 0))).sum(0)
+        if math.isclose(got, T * T * kl0.mean().item(), rel_tol=1e-4) or math.isclose(
+            got, T * T * kl0.sum().item() / len(s), rel_tol=1e-4
+        ):
+            fail(
+                f"{value}: the softmax ran over the batch (dim=0), not the classes",
+                "each row's distribution sums to 1 over its classes.",
+            )
         fail(
-            f"T = {T}: got {got:.4f}, expected {want:.4f}",
+            value,
             "at T = 1 compare with the KL divergence of the two plain softmaxes.",
         )
-    return passed("the soft-target loss matches Hinton et al. at T = 1, 2, 5")
+    s, t = torch.randn(2, 3, generator=gen), torch.tensor([[0.0, 60.0, 120.0]] * 2)
+    got, want = fn(s, t, 1.0), _hand_soft_loss(s, t, 1.0)
+    if not math.isfinite(float(got)):
+        fail(
+            f"teacher logits [0, 60, 120] at T = 1: got {float(got)}, expected "
+            f"{want:.4f}: a teacher probability underflows to 0 in float32, and "
+            "0 * log 0 is NaN",
+            "the term of a class with p = 0 is 0; which function gives log p without "
+            "ever forming p?",
+        )
+    if not math.isclose(float(got), want, rel_tol=1e-4):
+        fail(
+            f"teacher logits [0, 60, 120] at T = 1: got {float(got):.4f}, expected "
+            f"{want:.4f}",
+            "a class whose teacher probability is 0 must add nothing to the loss.",
+        )
+    return passed(
+        "the soft-target loss matches Hinton et al. at T = 1, 2, 5, and stays finite "
+        "for a confident teacher"
+    )
