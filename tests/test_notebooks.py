@@ -290,8 +290,8 @@ def test_library_source_the_book_shows_is_printed_by_a_code_cell(capsys):
     that did."""
     chapter = next(p for p in CHAPTERS if p.stem == "07_optimizations")
     nb = sync.convert(chapter, "https://example.org/repo", "main")
-    (cell,) = [c for c in nb.cells if "source of tiled_attention" in c.source]
+    (cell,) = [c for c in nb.cells if "source of tiled_forward" in c.source]
     assert cell.cell_type == "code"
     exec(cell.source, {})  # noqa: S102
-    assert "def tiled_attention(" in capsys.readouterr().out
+    assert "def tiled_forward(" in capsys.readouterr().out
     assert not any("inspect.getsource` prints it" in c.source for c in nb.cells)
