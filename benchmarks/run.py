@@ -2,6 +2,7 @@
 
     python benchmarks/run.py            # full run (minutes on a laptop CPU)
     python benchmarks/run.py --smoke    # tiny sizes, seconds; what the tests run
+    python benchmarks/run.py --only llm # chapter 10's real LLM alone (llm_bench.py)
 
 Writes ``results.json`` and ``results.md`` (into ``--out``, default this folder) with
 the machine it ran on and these ratios:
@@ -21,7 +22,11 @@ the machine it ran on and these ratios:
   cache (time, identical tokens), KV cache bytes per token for multi-head,
   grouped-query and multi-query attention;
 - int8: model size, CPU time and validation loss, by hand and with torchao, each
-  against float32.
+  against float32;
+- chapter 10's real LLM (``llm_bench.py``): the library's cached greedy decoding
+  of SmolLM2-135M-Instruct against ``transformers``' ``generate`` on the same weights,
+  and cached against uncached decoding at 256 new tokens, on one thread and all cores.
+  ``--only llm`` runs this alone and writes ``results-llm.json`` / ``results-llm.md``.
 
 Numbers depend on the machine; the ratios are what to compare. Nothing here is a test
 of speed: the smoke run only checks that every measurement runs and is written.
@@ -50,6 +55,8 @@ import torch.nn.functional as F
 from transformer_course.measure import best_time
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # benchmarks/llm_bench.py, a sibling module
+import llm_bench
 
 
 def machine(device: torch.device) -> dict:
@@ -846,6 +853,8 @@ def write_markdown(results: dict, path: Path) -> None:
         {"variant": k, **v} for k, v in results["int8"].items() if isinstance(v, dict)
     ]
     parts += [table(int8), ""]
+    if "llm" in results:
+        parts += llm_bench.markdown(results["llm"], table)
     if "torchao error" in results["int8"]:
         parts += [f"torchao failed here: {results['int8']['torchao error']}", ""]
     parts += kept_translation_sections(path)
@@ -853,16 +862,56 @@ def write_markdown(results: dict, path: Path) -> None:
     path.write_text("\n".join(parts))
 
 
+LLM_THREADS = sorted({TIMING_THREADS, ALL_CORES})  # one thread, and all cores
+
+
+def run_llm_only(smoke: bool, out: Path, device, start: float) -> int:
+    """``--only llm``: chapter 10's benchmark alone, into results-llm.{json,md}."""
+    result = {
+        "command": "python benchmarks/run.py --only llm"
+        + (" --smoke" if smoke else ""),
+        "machine": machine(device),
+        "llm": llm_bench.bench_llm(smoke, LLM_THREADS, threads, side_by_side),
+    }
+    result["seconds"] = time.perf_counter() - start
+    result["load"] = load_average()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results-llm.json").write_text(json.dumps(result, indent=2))
+    text = [
+        "# Benchmark: a real LLM (chapter 10)",
+        "",
+        (
+            f"Run: `{result['command']}`, {result['seconds']:.0f} s; load average "
+            f"(1, 5, 15 min) at the end: {result['load']} on "
+            f"{result['machine']['cpu_cores']} cores."
+        ),
+        "",
+        table([result["machine"]]),
+        "",
+        *llm_bench.markdown(result["llm"], table),
+    ]
+    (out / "results-llm.md").write_text("\n".join(text))
+    print(
+        f"wrote {out}/results-llm.md and results-llm.json in {result['seconds']:.0f} s"
+    )
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds")
     parser.add_argument("--out", type=Path, default=HERE, help="folder for the reports")
+    parser.add_argument(
+        "--only", choices=["llm"], help="run one benchmark alone: llm (chapter 10)"
+    )
     args = parser.parse_args(argv)
     from transformer_course.device import get_device
 
     device = get_device()
     start = time.perf_counter()
     smoke = args.smoke
+    if args.only == "llm":
+        return run_llm_only(smoke, args.out, device, start)
     results = {
         "command": "python benchmarks/run.py" + (" --smoke" if smoke else ""),
         "smoke": smoke,
@@ -921,6 +970,7 @@ def main(argv=None) -> int:
     results["kv_cache"] = bench_kv_cache(model, tok, gen_lengths, device)
     results["kv_bytes"] = kv_bytes_table(model.cfg, [model.cfg.n_heads, 2, 1])
     results["int8"] = bench_int8(model, x_val, y_val, repeat=1 if smoke else 5)
+    results["llm"] = llm_bench.bench_llm(smoke, LLM_THREADS, threads, side_by_side)
     results["seconds"] = time.perf_counter() - start
     results["load"] = load_average()
     args.out.mkdir(parents=True, exist_ok=True)

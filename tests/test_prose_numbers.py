@@ -158,6 +158,14 @@ ALLOWED: dict[str, str] = {
     "72 forward passes": "one per head: 6 layers x 12 heads",
     "72 in all": "one per head: 6 layers x 12 heads",
     "at Spearman 0.95": "the exercise's given threshold",
+    # chapter 10
+    "the 2017 Transformer": "the year of the cited paper (Vaswani et al.)",
+    "the 2017 design": "the year of the cited paper (Vaswani et al.)",
+    "since 2017": "the year of the cited paper (Vaswani et al.)",
+    "the 2017 recipe": "the year of the cited paper (Vaswani et al.)",
+    "the 2017 behaviour": "the year of the cited paper (Vaswani et al.)",
+    "the 2017 post-norm block": "the name of a variant trained in the cell above",
+    "Llama 3 8B's shape": "a model's name",
 }
 
 KEYWORDS = (
