@@ -45,8 +45,8 @@ from transformer_course.data import batches, pad_batch
 from transformer_course.decoding import beam_search, greedy_decode
 from transformer_course.device import get_device, set_seed
 from transformer_course.model import (
-    Transformer,
     TransformerConfig,
+    make_model,
     set_attention_backend,
 )
 from transformer_course.training import (
@@ -63,7 +63,7 @@ HERE = Path(__file__).resolve().parent
 def train_one(data, cfg, seed, args, device, exact, valid):
     """Train the chapter's model from seed ``seed``; returns (model, History, CPU s)."""
     set_seed(seed)
-    model = Transformer(cfg).to(device)
+    model = make_model(cfg).to(device)
     train_src, train_tgt = training_stream(data)  # the chapter's stream
     opt = torch.optim.AdamW(
         model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0

@@ -13,7 +13,7 @@ from transformer_course.decoding import (
     length_penalty_gnmt,
     new_caches,
 )
-from transformer_course.model import DecoderOnlyLM, Transformer, TransformerConfig
+from transformer_course.model import DecoderOnlyLM, TransformerConfig, make_model
 
 param = pytest.mark.parametrize
 
@@ -31,7 +31,7 @@ def _model(norm_first=True, positional="sinusoidal"):
         positional=positional,
     )
     torch.manual_seed(0)
-    model = Transformer(cfg).eval()
+    model = make_model(cfg).eval()
     with torch.no_grad():  # sharper outputs that depend on the source, and an EOS
         model.decoder.out.weight *= 3.0  # (id 2) likely enough that rows end at
         model.decoder.out.bias[2] += 1.0  # different steps

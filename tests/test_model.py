@@ -7,11 +7,7 @@ from torch import nn
 from transformer_course.interop import load_torch_layer
 from transformer_course.layers import FeedForward, TransformerLayer
 from transformer_course.masks import causal_mask, from_key_padding_mask
-from transformer_course.model import (
-    DecoderOnlyLM,
-    Transformer,
-    TransformerConfig,
-)
+from transformer_course.model import DecoderOnlyLM, TransformerConfig, make_model
 
 param = pytest.mark.parametrize
 D, H, FF = 16, 4, 32
@@ -64,7 +60,7 @@ def test_feed_forward_is_position_wise():
 
 @param("norm_first", [False, True])
 def test_padding_does_not_change_real_positions(norm_first, tiny_config):
-    model = Transformer(tiny_config(norm_first=norm_first)).eval()
+    model = make_model(tiny_config(norm_first=norm_first)).eval()
     src = torch.tensor([[5, 6, 7]])
     tgt = torch.tensor([[1, 8, 9]])
     alone = model(src, tgt)
@@ -75,13 +71,13 @@ def test_padding_does_not_change_real_positions(norm_first, tiny_config):
 
 
 def test_embeddings_scaled_and_tied(tiny_config):
-    model = Transformer(tiny_config(tie_embeddings=True))
+    model = make_model(tiny_config(tie_embeddings=True))
     assert model.decoder.out.weight is model.decoder.embed.tokens.weight
     emb = model.encoder.embed
     assert emb.scale == pytest.approx(32**0.5)
     assert (
-        not Transformer(tiny_config()).decoder.out.weight
-        is Transformer(tiny_config()).decoder.embed.tokens.weight
+        not make_model(tiny_config()).decoder.out.weight
+        is make_model(tiny_config()).decoder.embed.tokens.weight
     )
 
 
@@ -96,7 +92,7 @@ def test_embeddings_scaled_and_tied(tiny_config):
     ],
 )
 def test_bad_source_gives_clear_error(bad, err, words, tiny_config):
-    model = Transformer(tiny_config(max_len=12))
+    model = make_model(tiny_config(max_len=12))
     with pytest.raises(err, match="src") as info:
         model.encode(bad)
     assert words in str(info.value)
@@ -118,7 +114,7 @@ def test_decoder_only_lm_is_causal(tiny_config):
 
 
 def test_cross_and_self_attention_weights_are_kept(tiny_config):
-    model = Transformer(tiny_config()).eval()
+    model = make_model(tiny_config()).eval()
     model(torch.tensor([[5, 6, 7, 0]]), torch.tensor([[1, 8, 9]]))
     layer = model.decoder.layers[0]
     assert layer.cross_attn_weights.shape == (1, 4, 3, 4)
@@ -129,7 +125,7 @@ def test_cross_and_self_attention_weights_are_kept(tiny_config):
 
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned", "rope", "alibi"])
 def test_every_positional_kind_makes_the_model_order_aware(positional, tiny_config):
-    model = Transformer(tiny_config(positional=positional)).eval()
+    model = make_model(tiny_config(positional=positional)).eval()
     src = torch.tensor([[5, 6, 7, 8]])
     tgt = torch.tensor([[1, 9, 10]])
     with torch.no_grad():
@@ -138,7 +134,7 @@ def test_every_positional_kind_makes_the_model_order_aware(positional, tiny_conf
     # a permuted source gives other encodings of the same tokens (known wrong: "none")
     assert (memory[0, 0] - swapped[0, 1]).abs().max() > 1e-3
     assert model(src, tgt).shape == (1, 3, tiny_config().tgt_vocab_size)
-    blind = Transformer(tiny_config(positional="none")).eval()
+    blind = make_model(tiny_config(positional="none")).eval()
     with torch.no_grad():
         a, _ = blind.encode(src)
         b, _ = blind.encode(src[:, [1, 0, 2, 3]])

@@ -10,7 +10,7 @@ from torch import nn
 from transformer_course.additive import additive_attention
 from transformer_course.data import BOS_ID
 from transformer_course.exercises import CheckError, check_encoder_attention
-from transformer_course.model import Transformer, TransformerConfig
+from transformer_course.model import TransformerConfig, make_model
 from transformer_course.recurrent import (
     FIRST_SYMBOL,
     LSTMSeq2Seq,
@@ -132,7 +132,7 @@ def test_greedy_copy_agrees_with_teacher_forcing_on_its_own_output(kind):
             dropout=0.0,
             max_len=8,
         )
-        model = Transformer(cfg).eval()
+        model = make_model(cfg).eval()
     else:
         model = LSTMSeq2Seq(V, 8, 16, attention=kind == "lstm+attention").eval()
     src, _ = copy_batch(3, 6, V)

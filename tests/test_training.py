@@ -16,7 +16,7 @@ from transformer_course.exercises import (
     check_noam_lr,
     check_teacher_forcing_loss,
 )
-from transformer_course.model import Transformer, TransformerConfig
+from transformer_course.model import TransformerConfig, make_model
 from transformer_course.training import (
     fit,
     make_criterion,
@@ -94,7 +94,7 @@ def _tiny():
         max_len=8,
     )
     torch.manual_seed(0)
-    model = Transformer(cfg)
+    model = make_model(cfg)
     src = torch.randint(4, 10, (64, 5))
     tgt = torch.cat([torch.ones(64, 1).long(), src.flip(1), torch.full((64, 1), 2)], 1)
     return model, (lambda: [(src, tgt)])
@@ -308,7 +308,7 @@ def _dropout_model():
         max_len=8,
     )
     torch.manual_seed(0)
-    return Transformer(cfg)
+    return make_model(cfg)
 
 
 def _decoders():

@@ -262,7 +262,8 @@ class Decoder(nn.Module):
 
 
 class Transformer(nn.Module):
-    """The encoder-decoder Transformer of Vaswani et al. 2017 (section 3, figure 1).
+    """The encoder-decoder Transformer of Vaswani et al. 2017 (section 3, figure 1);
+    ``make_model(cfg)`` builds and initialises one.
 
     - ``encode(src)``: src ids (B, S) -> ``(memory (B, S, D), src_mask (B, 1, 1, S))``.
     - ``decode(tgt, memory, src_mask, *, caches=None)`` -> logits (B, T, V).
@@ -279,9 +280,6 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
-        for name, p in self.named_parameters():  # Xavier for matrices, as PyTorch's
-            if p.dim() > 1 and "embed" not in name:  # nn.Transformer does
-                nn.init.xavier_uniform_(p)
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         return self.encoder(src)
@@ -344,6 +342,21 @@ class DecoderOnlyLM(nn.Module):
             cache = None if caches is None else caches[i]
             x = layer(x, mask, bias=bias, positions=positions, cache=cache)
         return self.out(self.norm(x))  # (B, T, V)
+
+
+def make_model(cfg: TransformerConfig) -> Transformer:
+    """The factory of the encoder-decoder ``Transformer``: build it from ``cfg`` and
+    initialise every matrix except the embeddings with Xavier (Glorot) uniform, as
+    annotated-transformer's ``make_model`` and PyTorch's ``nn.Transformer`` do;
+    ``Transformer(cfg)`` alone keeps the modules' default initialisation.
+
+    Source: Glorot and Bengio 2010; Rush 2018, "The Annotated Transformer".
+    """
+    model = Transformer(cfg)
+    for name, p in model.named_parameters():
+        if p.dim() > 1 and "embed" not in name:
+            nn.init.xavier_uniform_(p)
+    return model
 
 
 def set_attention_backend(model: nn.Module, backend: str) -> nn.Module:

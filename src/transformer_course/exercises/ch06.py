@@ -128,7 +128,7 @@ def check_teacher_forcing_loss(fn: Callable[..., Tensor]) -> bool:
         CheckError: for the unshifted version (the decoder sees the token it must
             predict), a shift in the wrong direction, or a different value.
     """
-    from transformer_course.model import Transformer, TransformerConfig
+    from transformer_course.model import TransformerConfig, make_model
     from transformer_course.training import make_criterion, translation_loss
 
     gen = torch.Generator().manual_seed(7)
@@ -142,7 +142,7 @@ def check_teacher_forcing_loss(fn: Callable[..., Tensor]) -> bool:
         max_len=10,
     )
     torch.manual_seed(7)
-    model = Transformer(cfg).eval()
+    model = make_model(cfg).eval()
     src = torch.randint(4, 12, (3, 5), generator=gen)
     tgt = torch.cat(
         [
