@@ -272,3 +272,30 @@ def test_mla_cache_stores_only_the_latent():
         6,
         12,
     )  # d_latent per token, not 2 H d_k
+
+
+class _Field:
+    def __init__(self, value):
+        self.value = value
+
+    def contents(self):
+        return self.value
+
+
+def test_gguf_config_rejects_another_architecture():
+    from types import SimpleNamespace
+
+    from transformer_course.interop import llama_config_from_gguf
+
+    reader = SimpleNamespace(
+        fields={"general.architecture": _Field("gemma")}, tensors=[]
+    )
+    with pytest.raises(ValueError, match="'llama'.*'gemma'"):
+        llama_config_from_gguf(reader)
+
+
+def test_permute_rotary_rows_rejects_odd_heads():
+    with pytest.raises(ValueError, match="n_heads=3"):
+        permute_rotary_rows(torch.randn(9, 4), 3, "half")
+    with pytest.raises(ValueError, match="to"):
+        permute_rotary_rows(torch.randn(8, 4), 2, "sideways")
