@@ -3,6 +3,7 @@
     python benchmarks/run.py            # full run (minutes on a laptop CPU)
     python benchmarks/run.py --smoke    # tiny sizes, seconds; what the tests run
     python benchmarks/run.py --only flash-backward   # that section alone, merged in
+    python benchmarks/run.py --only llm # chapter 10's real LLM alone (llm_bench.py)
 
 Writes ``results.json`` and ``results.md`` (into ``--out``, default this folder) with
 the machine it ran on and these ratios:
@@ -26,6 +27,10 @@ the machine it ran on and these ratios:
 - flash-backward (issue 29): training through tiled attention, forward + backward:
   peak extra memory tiled / naive at T = 8192 and time tiled / SDPA for T = 1024 to
   8192 on one thread (with a torch.profiler breakdown where it misses 3x).
+- chapter 10's real LLM (``llm_bench.py``): the library's cached greedy decoding
+  of SmolLM2-135M-Instruct against ``transformers``' ``generate`` on the same weights,
+  and cached against uncached decoding at 256 new tokens, on one thread and all cores.
+  ``--only llm`` runs this alone and writes ``results-llm.json`` / ``results-llm.md``.
 
 Numbers depend on the machine; the ratios are what to compare. Nothing here is a test
 of speed: the smoke run only checks that every measurement runs and is written.
@@ -60,6 +65,8 @@ from transformer_course.training import (
 )
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # benchmarks/llm_bench.py, a sibling module
+import llm_bench
 
 
 def machine(device: torch.device) -> dict:
@@ -994,6 +1001,8 @@ def write_markdown(results: dict, path: Path) -> None:
         {"variant": k, **v} for k, v in results["int8"].items() if isinstance(v, dict)
     ]
     parts += [table(int8), ""]
+    if "llm" in results:
+        parts += llm_bench.markdown(results["llm"], table)
     if "torchao error" in results["int8"]:
         parts += [f"torchao failed here: {results['int8']['torchao error']}", ""]
     parts += flash_backward_text(results["flash_backward"])
@@ -1074,14 +1083,50 @@ def kv_cache_alone(results: dict, out: Path, seconds: float) -> int:
     return 0
 
 
+LLM_THREADS = sorted({TIMING_THREADS, ALL_CORES})  # one thread, and all cores
+
+
+def run_llm_only(smoke: bool, out: Path, device, start: float) -> int:
+    """``--only llm``: chapter 10's benchmark alone, into results-llm.{json,md}."""
+    result = {
+        "command": "python benchmarks/run.py --only llm"
+        + (" --smoke" if smoke else ""),
+        "machine": machine(device),
+        "llm": llm_bench.bench_llm(smoke, LLM_THREADS, threads, side_by_side),
+    }
+    result["seconds"] = time.perf_counter() - start
+    result["load"] = load_average()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results-llm.json").write_text(json.dumps(result, indent=2))
+    text = [
+        "# Benchmark: a real LLM (chapter 10)",
+        "",
+        (
+            f"Run: `{result['command']}`, {result['seconds']:.0f} s; load average "
+            f"(1, 5, 15 min) at the end: {result['load']} on "
+            f"{result['machine']['cpu_cores']} cores."
+        ),
+        "",
+        table([result["machine"]]),
+        "",
+        *llm_bench.markdown(result["llm"], table),
+    ]
+    (out / "results-llm.md").write_text("\n".join(text))
+    print(
+        f"wrote {out}/results-llm.md and results-llm.json in {result['seconds']:.0f} s"
+    )
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds")
     parser.add_argument("--out", type=Path, default=HERE, help="folder for the reports")
     parser.add_argument(
         "--only",
-        choices=["flash-backward", "kv-cache"],
-        help="run this measurement alone and merge it into the reports in --out",
+        choices=["flash-backward", "kv-cache", "llm"],
+        help="run this measurement alone and merge it into the reports in --out "
+        "(llm: chapter 10's, into results-llm.json and .md)",
     )
     args = parser.parse_args(argv)
     from transformer_course.device import get_device
@@ -1092,6 +1137,8 @@ def main(argv=None) -> int:
     command = "python benchmarks/run.py" + (" --smoke" if smoke else "")
     if args.only == "flash-backward":
         return only_flash_backward(args, device, f"{command} --only {args.only}")
+    if args.only == "llm":
+        return run_llm_only(smoke, args.out, device, start)
     results = {
         "command": command + (f" --only {args.only}" if args.only else ""),
         "smoke": smoke,
@@ -1140,6 +1187,7 @@ def main(argv=None) -> int:
     model, (x_val, y_val) = lm_measurements(results, smoke, device)
     results["int8"] = bench_int8(model, x_val, y_val, repeat=1 if smoke else 5)
     results["flash_backward"] = run_flash_backward(device, smoke, command)
+    results["llm"] = llm_bench.bench_llm(smoke, LLM_THREADS, threads, side_by_side)
     results["seconds"] = time.perf_counter() - start
     results["load"] = load_average()
     args.out.mkdir(parents=True, exist_ok=True)

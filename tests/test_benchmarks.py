@@ -48,6 +48,10 @@ def test_smoke_run_writes_reports(bench, tmp_path):
         assert row["same_tokens"] and row["max_logit_diff"] < 1e-4
         assert row["cached/uncached time"] > 0 and row["concat/uncached time"] > 0
     assert [r["n_kv_heads"] for r in results["kv_bytes"]] == [4, 2, 1]
+    llm = results["llm"]
+    assert llm["same_tokens"] and len(llm["rows"]) >= 1
+    for row in llm["rows"]:
+        assert row["library/transformers time"] > 0 and row["uncached/cached time"] > 0
     int8 = results["int8"]
     assert 0.2 < int8["int8 by hand"]["size/float32"] < 0.6
     assert "torchao int8 weight-only" in int8 or "torchao error" in int8
@@ -56,7 +60,13 @@ def test_smoke_run_writes_reports(bench, tmp_path):
     assert [r["T"] for r in fb["time"]] == [64, 128]
     assert all(r["tiled/sdpa time"] > 0 for r in fb["time"])
     text = (tmp_path / "results.md").read_text()
-    for heading in ("## Machine", "## KV cache", "## Int8", "tiled/naive memory"):
+    for heading in (
+        "## Machine",
+        "## KV cache",
+        "## Int8",
+        "tiled/naive memory",
+        "## A real LLM",
+    ):
         assert heading in text
     assert "## Flash-backward: training through tiled attention" in text
     assert "## Translation: seeds\n\nkept row" in text and "\nold\n" not in text
@@ -193,3 +203,12 @@ def test_table_shows_every_column(bench):
     text = bench.table([{"a": 1}, {"a": 2.0, "b": None}])
     assert text.splitlines()[0] == "| a | b |"
     assert text.splitlines()[2:] == ["| 1 | n/a |", "| 2 | n/a |"]
+
+
+def test_only_llm_runs_the_llm_benchmark_alone(bench, tmp_path):
+    assert bench.main(["--only", "llm", "--smoke", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "results-llm.json").read_text())
+    assert result["llm"]["same_tokens"]
+    assert {r["torch threads"] for r in result["llm"]["rows"]} == set(bench.LLM_THREADS)
+    assert "library/transformers time" in (tmp_path / "results-llm.md").read_text()
+    assert not (tmp_path / "results.json").exists()  # nothing else ran

@@ -169,6 +169,14 @@ ALLOWED: dict[str, str] = {
     "at Spearman 0.95": "the exercise's given threshold",
     "but only about 20 to 40% together": "from Michel et al. 2019, section 4.2 (WMT "
     "and BERT)",
+    # chapter 10
+    "the 2017 Transformer": "the year of the cited paper (Vaswani et al.)",
+    "the 2017 design": "the year of the cited paper (Vaswani et al.)",
+    "since 2017": "the year of the cited paper (Vaswani et al.)",
+    "the 2017 recipe": "the year of the cited paper (Vaswani et al.)",
+    "the 2017 behaviour": "the year of the cited paper (Vaswani et al.)",
+    "the 2017 post-norm block": "the name of a variant trained in the cell above",
+    "Llama 3 8B's shape": "a model's name",
 }
 
 KEYWORDS = (

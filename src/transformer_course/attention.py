@@ -208,15 +208,18 @@ class MultiHeadAttention(nn.Module):
     """Multi-head attention: H scaled dot-product attentions in learned subspaces.
 
     MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W^O, head_h = Attention(Q W^Q_h,
-    K W^K_h, V W^V_h), d_k = d_v = d_model / H. The H matrices W^Q_h are one
-    ``nn.Linear`` whose output rows h*d_k:(h+1)*d_k belong to head h (so are W^K, W^V).
+    K W^K_h, V W^V_h), d_k = d_v = d_model / H unless ``head_dim`` sets it. The H
+    matrices W^Q_h are one ``nn.Linear`` whose output rows h*d_k:(h+1)*d_k belong to
+    head h (so are W^K, W^V).
     With ``n_kv_heads`` < H, groups of H / n_kv_heads query heads share a key/value head
     (grouped-query attention; 1 = multi-query): W^K, W^V and a KV cache shrink by that
     factor, and each key/value head is repeated for its group (``repeat_kv``).
 
     Args:
-        d_model: model width D, divisible by ``n_heads`` H (query heads).
+        d_model: model width D, divisible by ``n_heads`` H (query heads) unless
+            ``head_dim`` is given.
         n_kv_heads: key/value heads H_kv, a divisor of H (default H).
+        head_dim: d_k of every head (default D / H; Gemma's and Qwen3's differ).
         dropout: dropout probability on the attention weights, used in training only.
         bias: whether the four projections have a bias.
         backend: name of an entry of ``ATTENTION_BACKENDS``, looked up at every call.
@@ -248,6 +251,7 @@ class MultiHeadAttention(nn.Module):
         n_heads: int,
         *,
         n_kv_heads: int | None = None,
+        head_dim: int | None = None,
         dropout: float = 0.0,
         bias: bool = True,
         backend: str = "naive",
@@ -259,17 +263,20 @@ class MultiHeadAttention(nn.Module):
         _validation.positive_int("n_heads", n_heads)
         _validation.positive_int("n_kv_heads", n_kv_heads)
         _validation.probability("dropout", dropout)
-        _validation.multiple("d_model", d_model, "n_heads", n_heads)
+        if head_dim is None:
+            _validation.multiple("d_model", d_model, "n_heads", n_heads)
+            head_dim = d_model // n_heads
+        _validation.positive_int("head_dim", head_dim)
         _validation.divisor("n_kv_heads", n_kv_heads, "n_heads", n_heads)
-        self.d_model, self.n_heads, self.d_k = d_model, n_heads, d_model // n_heads
+        self.d_model, self.n_heads, self.d_k = d_model, n_heads, head_dim
         self.n_kv_heads, self.dropout, self.backend = n_kv_heads, dropout, backend
         self._backend_fn()  # fail early on an unknown name
         self.rotary = rotary
-        d_kv = n_kv_heads * self.d_k
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)  # W^Q of all heads
+        d_q, d_kv = n_heads * head_dim, n_kv_heads * head_dim
+        self.q_proj = nn.Linear(d_model, d_q, bias=bias)  # W^Q of all heads
         self.k_proj = nn.Linear(d_model, d_kv, bias=bias)  # W^K of the H_kv heads
         self.v_proj = nn.Linear(d_model, d_kv, bias=bias)  # W^V of the H_kv heads
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W^O
+        self.out_proj = nn.Linear(d_q, d_model, bias=bias)  # W^O
 
     def _backend_fn(self) -> AttentionFn:
         _validation.one_of("backend", self.backend, ATTENTION_BACKENDS)

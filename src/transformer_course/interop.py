@@ -1,25 +1,40 @@
-"""Weight copies into this library's modules, kept apart from the model code.
+"""Weight loading into this library's modules, one loader per checkpoint family.
 
-From PyTorch: ``nn.MultiheadAttention`` -> ``MultiHeadAttention`` and
-``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer`` -> ``TransformerLayer``
-(the parity tests of chapters 3 and 6). From Hugging Face: a ``BertModel`` state dict
-(the real all-MiniLM-L6-v2 checkpoint) -> ``pretrained.MiniLMEncoder``. Other
-libraries' names (``in_proj_weight``, ``attention.self.query``) appear here and nowhere
-else in the library.
+Each family is a table from our parameter names to the checkpoint's names, read by
+one copy routine that names the missing or mis-shaped tensor:
+
+- PyTorch modules: ``nn.MultiheadAttention`` -> ``MultiHeadAttention`` and
+  ``nn.TransformerEncoderLayer`` / ``DecoderLayer`` -> ``TransformerLayer`` (the parity
+  tests of chapters 3 and 6).
+- The MiniLM checkpoint: a Hugging Face ``BertModel`` state dict (all-MiniLM-L6-v2)
+  -> ``pretrained.MiniLMEncoder`` (``load_hf_bert``).
+- The Llama family: Hugging Face ``LlamaForCausalLM`` names (``load_hf_llama``) and
+  GGUF files, llama.cpp's format, read through the ``gguf`` package
+  (``load_gguf_llama``) -> a ``DecoderOnlyLM`` with a Llama config (chapter 10).
+
+Other libraries' names (``in_proj_weight``, ``attention.self.query``,
+``blk.0.attn_q.weight``, ``num_key_value_heads``) appear here and nowhere else in the
+library.
+
+RoPE layout: Hugging Face's Llama rotates pairs (x_i, x_{i + d/2}) ("half"); llama.cpp's
+converter permutes each head's W^Q and W^K rows so that pairs are adjacent
+(x_{2i}, x_{2i+1}), "interleaved". The loaders refuse a model whose ``rope_layout`` is
+not the checkpoint's; ``permute_rotary_rows`` converts one into the other.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import torch
 from torch import nn
 
+from transformer_course import _validation
 from transformer_course.attention import MultiHeadAttention
 from transformer_course.layers import TransformerLayer
-
-if TYPE_CHECKING:
-    from transformer_course.pretrained import MiniLMEncoder
+from transformer_course.model import DecoderOnlyLM, TransformerConfig
+from transformer_course.positional import LAYOUTS
 
 Tensor = torch.Tensor
 
@@ -124,7 +139,9 @@ def load_torch_layer(
     return ours
 
 
-#: Our names (``MiniLMEncoder``) -> Hugging Face ``BertModel`` names.
+# ------------------------------------------------------------- the MiniLM checkpoint
+
+#: Our names (``pretrained.MiniLMEncoder``) -> Hugging Face ``BertModel`` names.
 _BERT_EMBEDDINGS = {
     "word_embeddings.weight": "embeddings.word_embeddings.weight",
     "position_embeddings.weight": "embeddings.position_embeddings.weight",
@@ -145,7 +162,7 @@ _BERT_LAYER = {
 
 
 @torch.no_grad()
-def load_hf_bert(model: MiniLMEncoder, sd: dict[str, Tensor]) -> MiniLMEncoder:
+def load_hf_bert(model: nn.Module, sd: Mapping[str, Tensor]) -> nn.Module:
     """Copy weights named as in Hugging Face's ``BertModel`` (e.g. the
     all-MiniLM-L6-v2 checkpoint) into a ``MiniLMEncoder``. Returns ``model``.
 
@@ -157,9 +174,217 @@ def load_hf_bert(model: MiniLMEncoder, sd: dict[str, Tensor]) -> MiniLMEncoder:
         for mine, theirs in _BERT_LAYER.items():
             for p in ("weight", "bias"):
                 names[f"layers.{i}.{mine}.{p}"] = f"encoder.layer.{i}.{theirs}.{p}"
-    params = dict(model.named_parameters())
-    for mine, theirs in names.items():
-        if theirs not in sd:
-            raise KeyError(f"sd: expected a weight named {theirs!r}, it is missing")
-        params[mine].copy_(sd[theirs])
+    return _load_table(model, names, sd.get, "sd")
+
+
+def _load_table(
+    model: nn.Module,
+    names: Mapping[str, str],
+    get: Callable[[str], Tensor | None],
+    source: str,
+) -> nn.Module:
+    """Copy ``get(names[ours])`` into every parameter of ``model`` (shared ones once).
+
+    Raises:
+        KeyError: a parameter of ``model`` without a checkpoint name, or a checkpoint
+            tensor that is missing, naming it.
+        ValueError: a checkpoint tensor whose shape differs from the parameter's.
+    """
+    with torch.no_grad():
+        for mine, p in model.named_parameters():
+            if mine not in names:
+                raise KeyError(
+                    f"model: parameter {mine!r} has no counterpart in the checkpoint "
+                    f"(wrong config? e.g. bias=True for a model without biases)"
+                )
+            w = get(names[mine])
+            if w is None:
+                raise KeyError(
+                    f"{source}: expected a tensor named {names[mine]!r}, it is missing"
+                )
+            w = torch.as_tensor(w)
+            if tuple(w.shape) != tuple(p.shape):
+                raise ValueError(
+                    f"{source}: tensor {names[mine]!r} has shape {tuple(w.shape)}, "
+                    f"expected {tuple(p.shape)} for {mine!r}"
+                )
+            p.copy_(w)
     return model
+
+
+# ------------------------------------------------------------- the Llama family
+
+#: Our ``DecoderOnlyLM`` names -> (Hugging Face ``LlamaForCausalLM``, GGUF) names.
+_LLAMA = {
+    "embed.tokens.weight": ("model.embed_tokens.weight", "token_embd.weight"),
+    "norm.weight": ("model.norm.weight", "output_norm.weight"),
+    "out.weight": ("lm_head.weight", "output.weight"),  # absent when tied
+}
+_LLAMA_LAYER = {  # per layer: HF "model.layers.{i}.", GGUF "blk.{i}."
+    "self_attn_norm.weight": ("input_layernorm.weight", "attn_norm.weight"),
+    "self_attn.q_proj.weight": ("self_attn.q_proj.weight", "attn_q.weight"),
+    "self_attn.k_proj.weight": ("self_attn.k_proj.weight", "attn_k.weight"),
+    "self_attn.v_proj.weight": ("self_attn.v_proj.weight", "attn_v.weight"),
+    "self_attn.out_proj.weight": ("self_attn.o_proj.weight", "attn_output.weight"),
+    "ff_norm.weight": ("post_attention_layernorm.weight", "ffn_norm.weight"),
+    "ff.gate_proj.weight": ("mlp.gate_proj.weight", "ffn_gate.weight"),
+    "ff.up_proj.weight": ("mlp.up_proj.weight", "ffn_up.weight"),
+    "ff.down_proj.weight": ("mlp.down_proj.weight", "ffn_down.weight"),
+}
+_FAMILIES = {
+    "hf": (0, "model.layers.{i}.", "half"),
+    "gguf": (1, "blk.{i}.", "interleaved"),
+}
+
+
+def llama_names(n_layers: int, family: str) -> dict[str, str]:
+    """Our parameter names -> the checkpoint's, for ``family`` "hf" or "gguf"."""
+    _validation.one_of("family", family, _FAMILIES)
+    col, prefix, _ = _FAMILIES[family]
+    names = {mine: theirs[col] for mine, theirs in _LLAMA.items()}
+    for i in range(n_layers):
+        for mine, theirs in _LLAMA_LAYER.items():
+            names[f"layers.{i}.{mine}"] = prefix.format(i=i) + theirs[col]
+    return names
+
+
+def _check_layout(model: DecoderOnlyLM, family: str) -> None:
+    stored = _FAMILIES[family][2]
+    if model.cfg.rope_layout != stored:
+        raise ValueError(
+            f"rope_layout: a {family} checkpoint stores W^Q and W^K rows in the "
+            f"{stored!r} RoPE layout, the model uses {model.cfg.rope_layout!r}: build it "
+            f"with rope_layout={stored!r} (or convert rows with permute_rotary_rows)"
+        )
+
+
+def load_hf_llama(
+    model: DecoderOnlyLM, sd: Mapping[str, Tensor], *, check_layout: bool = True
+) -> DecoderOnlyLM:
+    """Copy a Hugging Face ``LlamaForCausalLM`` state dict into ``model`` (a
+    ``DecoderOnlyLM`` with a Llama config, ``llama_config_from_hf``). Returns it.
+
+    Raises:
+        KeyError / ValueError: a missing or mis-shaped tensor, named (``_load_table``).
+        ValueError: ``model.cfg.rope_layout`` is not "half" (unless not
+            ``check_layout``: chapter 10 shows what goes wrong).
+    """
+    if check_layout:
+        _check_layout(model, "hf")
+    return _load_table(model, llama_names(len(model.layers), "hf"), sd.get, "sd")
+
+
+def gguf_reader(path: str | Path):
+    """A ``gguf.GGUFReader`` of the file at ``path`` (raises ImportError naming the
+    pip command when the ``gguf`` package is missing)."""
+    try:
+        import gguf
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError("GGUF files are read with `pip install gguf`") from err
+    return gguf.GGUFReader(str(path))
+
+
+def gguf_tensor(reader, name: str) -> Tensor | None:
+    """The tensor ``name`` of a GGUF file, dequantized to float32 (rows, cols) as an
+    ``nn.Linear.weight`` is laid out (GGUF's shape lists the sizes reversed), or None
+    when the file has no such tensor."""
+    from gguf.quants import dequantize
+
+    for t in reader.tensors:
+        if t.name == name:
+            return torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).float()
+    return None
+
+
+#: TransformerConfig fields -> GGUF metadata keys of a "llama" file.
+_GGUF_CONFIG = {
+    "n_layers": "llama.block_count",
+    "d_model": "llama.embedding_length",
+    "d_ff": "llama.feed_forward_length",
+    "n_heads": "llama.attention.head_count",
+    "n_kv_heads": "llama.attention.head_count_kv",
+    "rope_base": "llama.rope.freq_base",
+    "layer_norm_eps": "llama.attention.layer_norm_rms_epsilon",
+    "max_len": "llama.context_length",
+    "tgt_vocab_size": "llama.vocab_size",
+}
+_LLAMA_SWITCHES = {  # what every Llama-family model has
+    "positional": "rope",
+    "norm": "rms",
+    "activation": "swiglu",
+    "bias": False,
+    "dropout": 0.0,
+    "scale_embeddings": False,
+    "norm_first": True,
+    "src_vocab_size": 1,  # no encoder
+    "pad_id": 0,
+}
+
+
+def llama_config_from_gguf(reader) -> TransformerConfig:
+    """The ``TransformerConfig`` of a GGUF "llama" file: sizes from its metadata, the
+    interleaved RoPE layout, tied embeddings when it has no ``output.weight``.
+
+    Raises ValueError if the file's architecture is not "llama"."""
+    arch = reader.fields["general.architecture"].contents()
+    if arch != "llama":
+        raise ValueError(f"reader: expected a 'llama' GGUF file, got {arch!r}")
+    sizes = {k: reader.fields[key].contents() for k, key in _GGUF_CONFIG.items()}
+    floats = ("rope_base", "layer_norm_eps")
+    sizes = {k: float(v) if k in floats else int(v) for k, v in sizes.items()}
+    tied = all(t.name != "output.weight" for t in reader.tensors)
+    return TransformerConfig(
+        **sizes, **_LLAMA_SWITCHES, tie_embeddings=tied, rope_layout="interleaved"
+    )
+
+
+def llama_config_from_hf(hf) -> TransformerConfig:
+    """The ``TransformerConfig`` of a Hugging Face ``LlamaConfig`` (half layout)."""
+    rope = getattr(hf, "rope_parameters", None) or {"rope_theta": hf.rope_theta}
+    return TransformerConfig(
+        tgt_vocab_size=hf.vocab_size,
+        d_model=hf.hidden_size,
+        n_heads=hf.num_attention_heads,
+        n_kv_heads=hf.num_key_value_heads,
+        head_dim=getattr(hf, "head_dim", None),
+        d_ff=hf.intermediate_size,
+        n_layers=hf.num_hidden_layers,
+        max_len=hf.max_position_embeddings,
+        layer_norm_eps=hf.rms_norm_eps,
+        rope_base=float(rope["rope_theta"]),
+        tie_embeddings=hf.tie_word_embeddings,
+        **_LLAMA_SWITCHES,
+    )
+
+
+def load_gguf_llama(
+    model: DecoderOnlyLM, reader, *, check_layout: bool = True
+) -> DecoderOnlyLM:
+    """Copy the tensors of a GGUF "llama" file (a ``gguf_reader``) into ``model``,
+    dequantized to float32 and in GGUF's own (interleaved) RoPE layout. Returns it.
+
+    Raises: as ``load_hf_llama``, with "interleaved" as the layout it needs.
+    """
+    if check_layout:
+        _check_layout(model, "gguf")
+    names = llama_names(len(model.layers), "gguf")
+    return _load_table(model, names, lambda n: gguf_tensor(reader, n), "gguf file")
+
+
+def permute_rotary_rows(w: Tensor, n_heads: int, to: str) -> Tensor:
+    """Reorder the rows of W^Q or W^K (n_heads * d_k, D) between the RoPE layouts,
+    head by head: "interleaved" puts row i of a head's first half at 2i and row i of
+    its second half at 2i + 1 (llama.cpp's ``permute``); "half" undoes it.
+
+    Raises ValueError for an unknown ``to`` or rows not divisible into heads of even
+    size. Source: llama.cpp ``convert_hf_to_gguf.py``, ``LlamaModel.permute``.
+    """
+    _validation.one_of("to", to, LAYOUTS)
+    if w.dim() != 2 or w.shape[0] % (2 * n_heads):
+        raise ValueError(
+            f"w: expected (n_heads * d_k, D) with n_heads={n_heads} heads of even "
+            f"d_k, got {tuple(w.shape)}"
+        )
+    d_half = w.shape[0] // n_heads // 2
+    split = (n_heads, 2, d_half) if to == "interleaved" else (n_heads, d_half, 2)
+    return w.reshape(*split, -1).transpose(1, 2).reshape(w.shape)

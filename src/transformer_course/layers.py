@@ -4,18 +4,22 @@ A layer is self-attention, optionally cross-attention to an encoder's output, an
 position-wise feed-forward network, each sub-layer wrapped in a residual connection
 and a LayerNorm: after the residual sum (post-LN, the 2017 paper and BERT) or before
 the sub-layer (pre-LN, GPT-2 and most models since). The encoder, the decoder, the
-decoder-only LM (``model.py``) and the real MiniLM encoder (``pretrained.py``) are all
-stacks of this one class; ``interop.py`` copies PyTorch's and Hugging Face's weights
-into it.
+decoder-only LM (``model.py``), the real MiniLM encoder and the real SmolLM2 decoder
+(``pretrained.py``) are all stacks of this one class; ``interop.py`` copies PyTorch's,
+Hugging Face's and GGUF weights into it. Chapter 10's modern parts sit beside the
+2017 ones: ``RMSNorm`` next to LayerNorm, ``SwiGLU`` next to ``FeedForward``.
 
-Derived in chapter 6 ("The full Transformer"). Shape letters: B batch, T length of
-``x``, S length of ``memory``, D d_model, H heads. Masks are bool, True = may attend.
+Derived in chapter 6 ("The full Transformer") and chapter 10 ("A modern LLM"). Shape
+letters: B batch, T length of ``x``, S length of ``memory``, D d_model, H heads.
+Masks are bool, True = may attend.
 
 Sources:
     Vaswani et al. 2017, "Attention Is All You Need", sections 3.1 (layers, residual
     connections, LayerNorm) and 3.3 (feed-forward, equation (2)).
     Xiong et al. 2020, "On Layer Normalization in the Transformer Architecture"
-    (pre-LN); Radford et al. 2019 (GPT-2, pre-LN with GELU).
+    (pre-LN); Radford et al. 2019 (GPT-2, pre-LN with GELU); Zhang and Sennrich 2019,
+    "Root Mean Square Layer Normalization" (RMSNorm); Shazeer 2020, "GLU Variants
+    Improve Transformer" (SwiGLU); Touvron et al. 2023 (LLaMA: both, pre-norm).
 """
 
 from __future__ import annotations
@@ -32,6 +36,77 @@ from transformer_course.positional import RotaryEmbedding
 
 Tensor = torch.Tensor
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}  # the paper's ReLU; GELU (BERT, GPT-2)
+FEED_FORWARDS = (*ACTIVATIONS, "swiglu")  # a FeedForward activation, or SwiGLU
+NORMS = ("layer", "rms")  # LayerNorm (2017) or RMSNorm (LLaMA)
+
+
+class RMSNorm(nn.Module):
+    """Root mean square normalization: y = x / sqrt(mean(x^2) + eps) * g.
+
+    Unlike LayerNorm it neither subtracts the mean nor adds a bias: one statistic
+    instead of two, and a learned gain g (``weight``, D) only. Computed in float32 and
+    cast back, as LLaMA does, so half-precision inputs do not overflow in x^2.
+
+    Args: d_model D, eps (1e-5 in SmolLM2, 1e-6 in LLaMA). Shapes: (..., D) -> (..., D).
+    Raises ValueError if the last dimension of the input is not D.
+
+    Source: Zhang and Sennrich 2019, "Root Mean Square Layer Normalization",
+    equation (4); Touvron et al. 2023, section 2.2.
+    """
+
+    def __init__(self, d_model: int, eps: float = 1e-5):
+        super().__init__()
+        _validation.positive_int("d_model", d_model)
+        self.weight = nn.Parameter(torch.ones(d_model))  # the gain g
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[-1] != self.weight.shape[0]:
+            raise ValueError(
+                f"x: expected (..., {self.weight.shape[0]}), got {tuple(x.shape)}"
+            )
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)  # (..., D)
+        return self.weight * h.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+class SwiGLU(nn.Module):
+    """Gated feed-forward network FFN(x) = W_down (SiLU(W_gate x) * (W_up x)).
+
+    Two input projections instead of one: the SiLU (Swish) of one gates the other
+    elementwise. Three matrices of d_model x d_ff, so a SwiGLU of width 2/3 d_ff has the
+    parameters of a ReLU ``FeedForward`` of width d_ff (LLaMA's rule).
+
+    Args: d_model D, hidden width d_ff, dropout on the hidden layer, bias (False in
+    LLaMA). Names ``gate_proj``, ``up_proj``, ``down_proj`` as in Hugging Face's Llama.
+    Shapes: (..., D) -> (..., D).
+
+    Source: Shazeer 2020, "GLU Variants Improve Transformer", equation (6) (FFN_SwiGLU
+    with W = W_gate, V = W_up, W_2 = W_down).
+    """
+
+    def __init__(
+        self, d_model: int, d_ff: int, dropout: float = 0.0, bias: bool = False
+    ):
+        super().__init__()
+        self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)  # W
+        self.up_proj = nn.Linear(d_model, d_ff, bias=bias)  # V
+        self.down_proj = nn.Linear(d_ff, d_model, bias=bias)  # W_2
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        hidden = F.silu(self.gate_proj(x)) * self.up_proj(x)  # (..., d_ff)
+        return self.down_proj(self.dropout(hidden))
+
+
+def make_norm(kind: str, d_model: int, eps: float) -> nn.Module:
+    """``nn.LayerNorm`` ("layer") or ``RMSNorm`` ("rms") of width d_model.
+    Raises ValueError for another kind."""
+    _validation.one_of("norm", kind, NORMS)
+    return nn.LayerNorm(d_model, eps=eps) if kind == "layer" else RMSNorm(d_model, eps)
 
 
 class FeedForward(nn.Module):
@@ -44,12 +119,17 @@ class FeedForward(nn.Module):
     """
 
     def __init__(
-        self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu"
+        self,
+        d_model: int,
+        d_ff: int,
+        dropout: float = 0.0,
+        activation: str = "relu",
+        bias: bool = True,
     ):
         super().__init__()
         _validation.one_of("activation", activation, ACTIVATIONS)
-        self.linear1 = nn.Linear(d_model, d_ff)  # W_1, b_1
-        self.linear2 = nn.Linear(d_ff, d_model)  # W_2, b_2
+        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)  # W_1, b_1
+        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)  # W_2, b_2
         self.dropout = nn.Dropout(dropout)
         self.activation = ACTIVATIONS[activation]
 
@@ -58,15 +138,19 @@ class FeedForward(nn.Module):
 
 
 class TransformerLayer(nn.Module):
-    """Self-attention, optional cross-attention, feed-forward; residuals and LayerNorm.
+    """Self-attention, optional cross-attention, feed-forward; residuals and norms.
 
     Args:
         d_model, n_heads, d_ff: sizes D, H and the feed-forward width.
         dropout: on each sub-layer's output and on the attention weights.
         cross_attention: add a sub-layer attending to ``memory`` (a decoder layer).
-        norm_first: pre-LN (True) or post-LN (False).
-        activation: "relu" or "gelu". backend: an ``ATTENTION_BACKENDS`` name.
-        eps: LayerNorm epsilon. n_kv_heads: grouped-query self-attention.
+        norm_first: pre-norm (True) or post-norm (False).
+        activation: "relu" or "gelu" (a ``FeedForward``) or "swiglu" (a ``SwiGLU``).
+        backend: an ``ATTENTION_BACKENDS`` name. eps: the norms' epsilon.
+        n_kv_heads, head_dim: grouped-query self-attention, d_k (``TransformerConfig``
+            passes them, as Hugging Face's ``num_key_value_heads``).
+        norm: "layer" (LayerNorm) or "rms" (``RMSNorm``).
+        bias: whether the attention and feed-forward projections have biases.
         rotary: a ``RotaryEmbedding`` for the self-attention (``positional="rope"``).
 
     ``forward(x, mask=None, *, memory=None, memory_mask=None, bias=None, cache=None,
@@ -101,27 +185,34 @@ class TransformerLayer(nn.Module):
         backend: str = "naive",
         eps: float = 1e-5,
         n_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        norm: str = "layer",
+        bias: bool = True,
         rotary: RotaryEmbedding | None = None,
     ):
         super().__init__()
+        _validation.one_of("activation", activation, FEED_FORWARDS)
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(
+        attention = partial(
+            MultiHeadAttention,
             d_model,
             n_heads,
-            n_kv_heads=n_kv_heads,
+            head_dim=head_dim,
             dropout=dropout,
+            bias=bias,
             backend=backend,
-            rotary=rotary,
         )
-        self.self_attn_norm = nn.LayerNorm(d_model, eps=eps)
+        self.self_attn = attention(n_kv_heads=n_kv_heads, rotary=rotary)
+        self.self_attn_norm = make_norm(norm, d_model, eps)
         self.cross_attn = self.cross_attn_norm = None
         if cross_attention:
-            self.cross_attn = MultiHeadAttention(
-                d_model, n_heads, dropout=dropout, backend=backend
-            )
-            self.cross_attn_norm = nn.LayerNorm(d_model, eps=eps)
-        self.ff = FeedForward(d_model, d_ff, dropout, activation)
-        self.ff_norm = nn.LayerNorm(d_model, eps=eps)
+            self.cross_attn = attention()
+            self.cross_attn_norm = make_norm(norm, d_model, eps)
+        if activation == "swiglu":
+            self.ff = SwiGLU(d_model, d_ff, dropout, bias)
+        else:
+            self.ff = FeedForward(d_model, d_ff, dropout, activation, bias)
+        self.ff_norm = make_norm(norm, d_model, eps)
         self.dropout = nn.Dropout(dropout)  # on each sub-layer's output
         self.self_attn_weights: Tensor | None = None
         self.cross_attn_weights: Tensor | None = None
@@ -154,12 +245,12 @@ class TransformerLayer(nn.Module):
         )
         drop, ln_self, ln_ff = self.dropout, self.self_attn_norm, self.ff_norm
         ln_cross = self.cross_attn_norm
-        if self.norm_first:  # pre-LN: x + f(LN(x))
+        if self.norm_first:  # pre-norm: x + f(LN(x))
             x = x + drop(attend_self(ln_self(x)))
             if self.cross_attn is not None:
                 x = x + drop(self._cross_attend(ln_cross(x), memory, memory_mask))
             x = x + drop(self.ff(ln_ff(x)))
-        else:  # post-LN: LN(x + f(x))
+        else:  # post-norm: LN(x + f(x))
             x = ln_self(x + drop(attend_self(x)))
             if self.cross_attn is not None:
                 x = ln_cross(x + drop(self._cross_attend(x, memory, memory_mask)))

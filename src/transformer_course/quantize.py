@@ -1,10 +1,19 @@
-"""int8 weights: symmetric per-output-channel quantization of linear layers.
+"""int8 weights, and reading llama.cpp's Q4_1 and Q8_0 blocks.
 
-Derived in chapter 7 ("Making attention fast", smaller weights); used on whole models
-in chapter 7, chapter 9 and ``benchmarks/run.py`` (``quantize_linear_weights_``).
+Derived in chapter 7 ("Making attention fast", smaller weights: int8 per output
+channel; used on whole models in chapter 7, chapter 9 and ``benchmarks/run.py`` through
+``quantize_linear_weights_``) and chapter 10 ("A modern LLM": the 4-bit blocks of a real
+GGUF file).
 
-Source: Jacob et al. 2018, "Quantization and Training of Neural Networks for Efficient
-Integer-Arithmetic-Only Inference", section 2 (here with zero point 0, per channel).
+Q4_1 stores a row in blocks of 32 weights, 20 bytes each: a float16 scale d, a float16
+minimum m, and 32 unsigned 4-bit codes q packed two per byte (byte j holds weight j in
+its low nibble and weight j + 16 in its high one); w = d * q + m. That is 5 bits a
+weight. Q8_0 blocks are a float16 scale and 32 int8 codes (8.5 bits a weight).
+
+Sources: Jacob et al. 2018, "Quantization and Training of Neural Networks for Efficient
+Integer-Arithmetic-Only Inference", section 2 (here with zero point 0, per channel);
+ggml's ``block_q4_1``, ``dequantize_row_q4_1`` and ``quantize_row_q4_1_ref``
+(ggml-quants.c); Dettmers et al. 2022 (LLM.int8()).
 """
 
 from __future__ import annotations
@@ -15,6 +24,9 @@ import torch
 from torch import nn
 
 Tensor = torch.Tensor
+BLOCK = 32  # weights per Q4_1 / Q8_0 block
+Q4_1_BYTES = 20  # float16 d, float16 m, 16 bytes of 4-bit codes
+Q8_0_BYTES = 34  # float16 d, 32 int8 codes
 
 
 def quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -111,3 +123,67 @@ def torchao_int8(model: nn.Module) -> dict[str, nn.Module]:
         out[name] = copy.deepcopy(model)
         quantize_(out[name], config)
     return out
+
+
+def _blocks(raw, nbytes: int, what: str) -> Tensor:
+    raw = torch.as_tensor(raw)
+    if raw.dtype != torch.uint8 or raw.dim() < 1 or raw.shape[-1] % nbytes:
+        raise ValueError(
+            f"raw: expected uint8 (..., n_blocks * {nbytes}) {what} bytes, got "
+            f"{raw.dtype} {tuple(raw.shape)}"
+        )
+    return raw.reshape(*raw.shape[:-1], -1, nbytes)  # (..., n_blocks, nbytes)
+
+
+def _half(two_bytes: Tensor) -> Tensor:
+    """Little-endian float16 from (..., 2) bytes, as float32 (...)."""
+    return two_bytes.contiguous().view(torch.float16)[..., 0].float()
+
+
+def dequantize_q4_1(raw) -> Tensor:
+    """float32 weights of Q4_1 rows: w = d * q + m in each block of 32.
+
+    Shapes: raw uint8 (..., n_blocks * 20) (a GGUF tensor's bytes, one row per output
+    feature) -> (..., n_blocks * 32).
+
+    Raises ValueError if ``raw`` is not uint8 with a multiple of 20 bytes a row.
+    Source: ggml-quants.c, ``dequantize_row_q4_1``.
+    """
+    b = _blocks(raw, Q4_1_BYTES, "Q4_1")
+    d, m = _half(b[..., 0:2])[..., None], _half(b[..., 2:4])[..., None]  # (..., n, 1)
+    qs = b[..., 4:].long()  # (..., n, 16)
+    q = torch.cat([qs & 0x0F, qs >> 4], dim=-1)  # (..., n, 32): low nibbles first
+    return (d * q + m).flatten(-2)
+
+
+def quantize_q4_1(w: Tensor) -> Tensor:
+    """Q4_1 bytes of float weights (..., k * 32): per block m = min, d = (max - min) /
+    15, q = round((w - m) / d) in 0..15. Inverse of ``dequantize_q4_1`` up to d / 2
+    (plus float16 rounding of d and m).
+
+    Raises ValueError if the last dimension is not a multiple of 32.
+    Source: ggml-quants.c, ``quantize_row_q4_1_ref``.
+    """
+    if w.shape[-1] % BLOCK:
+        raise ValueError(f"w: expected (..., k * {BLOCK}), got {tuple(w.shape)}")
+    x = w.detach().float().reshape(*w.shape[:-1], -1, BLOCK)  # (..., n, 32)
+    lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
+    d = (hi - lo) / 15
+    inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    q = ((x - lo) * inv + 0.5).floor().clamp(0, 15).to(torch.uint8)  # (..., n, 32)
+    packed = q[..., :16] | (q[..., 16:] << 4)  # (..., n, 16)
+    dm = torch.cat([d, lo], -1).half().view(torch.uint8)  # (..., n, 4)
+    return torch.cat([dm, packed], -1).flatten(-2)
+
+
+def dequantize_q8_0(raw) -> Tensor:
+    """float32 weights of Q8_0 rows: w = d * q, q int8, 32 per block.
+
+    Shapes: raw uint8 (..., n_blocks * 34) -> (..., n_blocks * 32).
+    Raises ValueError for a size that is not a multiple of 34 bytes.
+    Source: ggml-quants.c, ``dequantize_row_q8_0``.
+    """
+    b = _blocks(raw, Q8_0_BYTES, "Q8_0")
+    return (
+        _half(b[..., 0:2])[..., None] * b[..., 2:].view(torch.int8).float()
+    ).flatten(-2)

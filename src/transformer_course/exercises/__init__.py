@@ -7,7 +7,7 @@ the mistake with a hint that does not give the answer away. It prints
 (``check.strict(fn)`` raises ``CheckError`` instead). An untouched stub prints
 "not attempted yet".
 
-- ``ch01`` ... ``ch09``: the checks of each chapter;
+- ``ch01`` ... ``ch10``: the checks of each chapter;
 - ``pitfalls``: the known-wrong functions the checks recognise;
 - ``_method``: how an answer computes (a call into the library's own version, a loop
   the exercise forbids, a row read at once where it is streamed), which the checks
@@ -72,6 +72,12 @@ from transformer_course.exercises.ch09 import (
     check_neighbour_agreement,
     check_soft_target_loss,
 )
+from transformer_course.exercises.ch10 import (
+    check_gqa_cache_bytes,
+    check_rms_norm,
+    check_swiglu,
+    check_unpermute_rows,
+)
 
 __all__ = [
     "CheckError",
@@ -86,6 +92,7 @@ __all__ = [
     "check_dot_product_attention",
     "check_encoder_attention",
     "check_fully_masked_rows",
+    "check_gqa_cache_bytes",
     "check_label_smoothed_loss",
     "check_mask_polarity",
     "check_masked_attention",
@@ -102,6 +109,7 @@ __all__ = [
     "check_patchify",
     "check_quantize_int8",
     "check_repeat_kv",
+    "check_rms_norm",
     "check_rotary_half",
     "check_shape",
     "check_sinusoidal_encoding",
@@ -111,7 +119,9 @@ __all__ = [
     "check_split_qkv",
     "check_stable_softmax",
     "check_streaming_attention",
+    "check_swiglu",
     "check_teacher_forcing_loss",
+    "check_unpermute_rows",
     "exercise_check",
     "public_test",
 ]
