@@ -132,8 +132,8 @@ def test_transformer_diagram_groups_encoder_decoder_and_masks(tiny_config):
     src, tgt = torch.randint(1, 20, (1, 7)), torch.randint(1, 12, (1, 6))
     d = diagram(model, src, tgt)
     assert [c.label for c in d.clusters] == [
-        "encoder: Encoder", "embed: Embedding", "TransformerLayer \u00d7 2",
-        "decoder: Decoder", "embed: Embedding", "TransformerLayer \u00d7 2",
+        "encoder: Encoder", "embed: InputEmbedding", "TransformerLayer \u00d7 2",
+        "decoder: Decoder", "embed: InputEmbedding", "TransformerLayer \u00d7 2",
     ]  # fmt: skip
     assert d.boxes("mask") == ["src_mask (bool)", "tgt_mask (bool)"]
     e = edges(d)

@@ -42,7 +42,7 @@ EXPAND = (
     model.Encoder,
     model.Decoder,
     model.DecoderOnlyLM,
-    model.Embedding,
+    model.InputEmbedding,
     layers.TransformerLayer,
     vision.Captioner,
     vision.ImageEncoder,
