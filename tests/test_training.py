@@ -129,6 +129,45 @@ def test_clipping_bounds_the_update():
     assert step.item() == pytest.approx(1e-3, rel=1e-3)
 
 
+def _counted(passes):
+    """batches() that records its calls and, instead of letting a broken ``fit`` spin
+    forever, fails on the fourth call (so the test needs no timeout)."""
+    calls = []
+
+    def batches():
+        calls.append(1)
+        if len(calls) > 3:
+            raise RuntimeError("fit called batches() again after empty passes")
+        return passes(len(calls))
+
+    return batches, calls
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["empty dataset", "exhausted generator", "empty after one pass"],
+)
+def test_fit_raises_on_empty_batches(kind):
+    model, data = _tiny()
+    one_pass = data()
+    exhausted = iter(one_pass)
+    list(exhausted)
+    passes = {
+        "empty dataset": lambda n: [],
+        "exhausted generator": lambda n: exhausted,
+        "empty after one pass": lambda n: one_pass if n == 1 else iter(()),
+    }[kind]
+    batches, calls = _counted(passes)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = functools.partial(translation_loss, criterion=make_criterion(0.0))
+    with pytest.raises(ValueError, match="batches: expected every call to yield"):
+        fit(model, batches, loss, opt, max_steps=5, progress=False)
+    assert len(calls) == (2 if kind == "empty after one pass" else 1)
+    # known right: a batches() that yields on every call trains to max_steps
+    hist = fit(model, data, loss, opt, max_steps=3, progress=False)
+    assert hist.steps == 3
+
+
 def test_fit_stops_on_divergence_and_evaluates():
     model, data = _tiny()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
