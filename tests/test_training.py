@@ -428,3 +428,63 @@ def test_chapter6_checks(check, right, wrong, words, capsys):
     assert "not attempted yet" in capsys.readouterr().out
     with pytest.raises(CheckError, match=words):
         check.strict(wrong)
+
+
+def _copy_accuracy(model):
+    from transformer_course.recurrent import copy_accuracy
+
+    return copy_accuracy(model, 4, 10, batch_size=2)
+
+
+def _cross_attention(model):
+    from transformer_course.vision import cross_attention
+
+    return cross_attention(model, torch.rand(2, 8, 16), torch.tensor([[1, 5, 6]] * 2))
+
+
+def _recurrent_model():
+    from transformer_course.recurrent import LSTMSeq2Seq
+
+    return LSTMSeq2Seq(10, 8, 8, attention=True)
+
+
+def _captioner():
+    from transformer_course.vision import Captioner
+
+    cfg = TransformerConfig(
+        src_vocab_size=4,
+        tgt_vocab_size=12,
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        n_layers=1,
+        dropout=0.5,
+        max_len=10,
+    )
+    return Captioner(cfg, (8, 16), 4)
+
+
+@pytest.mark.parametrize(
+    "helper, build",
+    [(_copy_accuracy, _recurrent_model), (_cross_attention, _captioner)],
+    ids=["recurrent.copy_accuracy", "vision.cross_attention"],
+)
+def test_helpers_that_switch_to_eval_mode_restore_every_module_mode(helper, build):
+    """Every library helper that evaluates a model gives each submodule back its mode
+    (train, or eval for a frozen part): a helper that calls ``model.eval()`` and stops
+    there silently turns dropout off for the training that follows."""
+    model = build()
+    model.train()
+    frozen = list(model.modules())[-1]
+    frozen.eval()  # a part the caller froze stays frozen
+    before = [m.training for m in model.modules()]
+    seen = []
+    for module in model.modules():
+        module.register_forward_pre_hook(lambda m, a: seen.append(m.training))
+    helper(model)
+    assert seen and not any(seen), "the helper ran the model with dropout on"
+    assert [m.training for m in model.modules()] == before
+    # known wrong: model.eval() then model.train() loses the frozen part's mode
+    model.eval()
+    model.train()
+    assert [m.training for m in model.modules()] != before

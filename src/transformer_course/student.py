@@ -38,6 +38,7 @@ from transformer_course.distill import (
 )
 from transformer_course.pretrained import MiniLMEncoder, tokenize_batch
 from transformer_course.prune import encoder_states
+from transformer_course.training import evaluating
 
 Tensor = torch.Tensor
 
@@ -269,9 +270,8 @@ def train_student(
     student.train()
     while (elapsed := clock() - start) < seconds:
         if elapsed >= next_report:
-            student.eval()
-            report(elapsed, steps)
-            student.train()
+            with evaluating(student):
+                report(elapsed, steps)
             next_report += report_every
         for group in opt.param_groups:
             group["lr"] = lr_at(elapsed / seconds, lr, warmup)
