@@ -84,6 +84,49 @@ def test_zero_gate_equals_physical_removal(model, batch):
     assert not torch.allclose(sentence_embeddings(other, ids, mask), gated)
 
 
+@pytest.mark.parametrize(
+    "calls",
+    [
+        [[(0, 1), (2, 0)], [(0, 2), (2, 3)]],  # original indices across two calls
+        [[(0, 1), (0, 1)], [(0, 2), (2, 0), (2, 3)]],  # a head named twice
+        [[(0, 1), (2, 0), (2, 3)], [(2, 0), (0, 2)]],  # a head removed again
+        [[(1, 0), (1, 1)], [(1, 2), (1, 3), (1, 0)]],  # a layer emptied in two calls
+    ],
+)
+def test_removing_heads_in_two_calls_equals_one_call(model, batch, calls):
+    """Head indices are the unpruned model's in every call (Hugging Face's
+    ``pruned_heads``, transformers PRs #1077 and #4799); a head already removed, or
+    named twice, is ignored."""
+    ids, mask = batch
+    heads = sorted({h for call in calls for h in call})
+    gated = sentence_embeddings(model, ids, mask, head_mask=gates_without(heads, 3, 4))
+    twice = clone_encoder(model)
+    for call in calls:
+        remove_heads(twice, call)
+    once = remove_heads(clone_encoder(model), heads)
+    assert [len(layer.self_attn.pruned_heads) for layer in twice.layers] == [
+        sum(h[0] == i for h in heads) for i in range(3)
+    ]
+    torch.testing.assert_close(sentence_embeddings(twice, ids, mask), gated)
+    torch.testing.assert_close(
+        sentence_embeddings(twice, ids, mask), sentence_embeddings(once, ids, mask)
+    )
+    # known wrong: the second call's heads read as indices of the pruned model
+    other = gates_without(sorted(set(calls[0]) | {(0, 3), (2, 1)}), 3, 4)
+    assert not torch.allclose(
+        sentence_embeddings(model, ids, mask, head_mask=other), gated
+    )
+
+
+def test_remove_heads_rejects_indices_outside_the_unpruned_model(model):
+    pruned = remove_heads(clone_encoder(model), [(0, 1)])
+    for bad in ([(0, 4)], [(3, 0)], [(-1, 0)]):
+        with pytest.raises(ValueError, match="heads: expected"):
+            remove_heads(pruned, bad)
+    remove_heads(pruned, [(0, 3)])  # known right: the last original index is valid
+    assert pruned.layers[0].self_attn.pruned_heads == {1, 3}
+
+
 def test_removing_every_head_of_a_layer_leaves_the_output_bias(model, batch):
     ids, mask = batch
     heads = [(1, h) for h in range(4)]

@@ -216,36 +216,52 @@ def gates_without(heads: list[tuple[int, int]], n_layers: int, n_heads: int) -> 
 
 class OutputBias(nn.Module):
     """What is left of a self-attention whose every head was removed: W^O's bias.
-    Called like ``MultiHeadAttention``; returns (bias broadcast to (B, T, D), None)."""
+    Called like ``MultiHeadAttention``; returns (bias broadcast to (B, T, D), None).
+    ``pruned_heads`` holds all ``n_original`` head indices."""
 
-    def __init__(self, bias: Tensor):
+    def __init__(self, bias: Tensor, n_original: int):
         super().__init__()
         self.bias = nn.Parameter(bias.detach().clone())
-        self.n_heads = 0
+        self.n_heads, self.pruned_heads = 0, set(range(n_original))
 
     def forward(self, query: Tensor, *args, **kwargs) -> tuple[Tensor, None]:
         return self.bias.expand_as(query), None
 
 
 def remove_heads(model, heads: list[tuple[int, int]]):
-    """Remove the heads ``heads`` (pairs (layer, head), indices of the unpruned model)
-    physically, in place: each layer's projections lose those heads' rows and columns
-    (``MultiHeadAttention.prune_heads``); a layer that loses all its heads keeps only
-    W^O's bias (``OutputBias``). Equals gating those heads with 0. Returns ``model``.
+    """Remove the heads ``heads`` (pairs (layer, head), indices of the unpruned model,
+    also after earlier calls) physically, in place: each layer's projections lose
+    those heads' rows and columns (``MultiHeadAttention.prune_heads``); a layer that
+    loses all its heads keeps only W^O's bias (``OutputBias``). A head already removed
+    is ignored, so two calls equal one with both lists (Hugging Face's
+    ``pruned_heads``). Equals gating those heads with 0. Returns ``model``.
+
+    Raises ValueError for a layer or head index outside the unpruned model.
     Source: Michel et al. 2019, section 2.2.
     """
-    by_layer: dict[int, list[int]] = {}
+    by_layer: dict[int, set[int]] = {}
     for layer, head in heads:
-        by_layer.setdefault(layer, []).append(head)
+        if not 0 <= layer < len(model.layers):
+            raise ValueError(
+                f"heads: expected layer indices in [0, {len(model.layers)}), "
+                f"got ({layer}, {head})"
+            )
+        by_layer.setdefault(layer, set()).add(head)
     for layer, removed in by_layer.items():
         attn = model.layers[layer].self_attn
-        if len(set(removed)) == attn.n_heads:
+        n_original = attn.n_heads + len(attn.pruned_heads)
+        if not removed <= set(range(n_original)):
+            raise ValueError(
+                f"heads: expected head indices in [0, {n_original}) for layer {layer}, "
+                f"got {sorted(removed)}"
+            )
+        if removed | attn.pruned_heads != set(range(n_original)):
+            attn.prune_heads(removed)
+        elif attn.n_heads:  # the last heads go: only W^O's bias is left
             bias = attn.out_proj.bias
             if bias is None:
                 bias = torch.zeros(attn.d_model, device=attn.out_proj.weight.device)
-            model.layers[layer].self_attn = OutputBias(bias)
-        else:
-            attn.prune_heads(removed)
+            model.layers[layer].self_attn = OutputBias(bias, n_original)
     return model
 
 
