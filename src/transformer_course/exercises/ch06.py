@@ -128,6 +128,7 @@ def check_teacher_forcing_loss(fn: Callable[..., Tensor]) -> bool:
         CheckError: for the unshifted version (the decoder sees the token it must
             predict), a shift in the wrong direction, or a different value.
     """
+    from transformer_course.device import seeded
     from transformer_course.model import TransformerConfig, make_model
     from transformer_course.training import make_criterion, translation_loss
 
@@ -141,8 +142,8 @@ def check_teacher_forcing_loss(fn: Callable[..., Tensor]) -> bool:
         dropout=0.0,
         max_len=10,
     )
-    torch.manual_seed(7)
-    model = make_model(cfg).eval()
+    with seeded(7):  # the learner's random stream is left as it was
+        model = make_model(cfg).eval()
     src = torch.randint(4, 12, (3, 5), generator=gen)
     tgt = torch.cat(
         [
