@@ -282,3 +282,34 @@ def test_iterative_head_order(model, batch):
     second = head_importance_loo(model, ids, mask, removed=order[:4])
     rest = [divmod(i, 4) for i in second.flatten().argsort().tolist()]
     assert order[4:8] == [h for h in rest if h not in order[:4]][:4]
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        lambda m, ids, mask: m(ids, mask),
+        lambda m, ids, mask: encoder_states(m, ids, mask),
+        lambda m, ids, mask: sentence_embeddings(m, ids, mask),
+        lambda m, ids, mask: head_importance_loo(m, ids, mask),
+        lambda m, ids, mask: head_importance(m, [(ids, mask)], n_probes=1),
+    ],
+    ids=[
+        "forward",
+        "encoder_states",
+        "sentence_embeddings",
+        "head_importance_loo",
+        "head_importance",
+    ],
+)
+def test_inputs_longer_than_the_position_table_raise_a_clear_error(model, run):
+    """sentence-transformers #1600: every way into the encoder names ``ids`` and
+    ``max_len`` instead of failing deep in ``nn.Embedding`` with an IndexError."""
+    too_long = torch.ones(2, CFG["max_len"] + 1, dtype=torch.long)
+    mask = torch.ones_like(too_long, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"ids: expected at most max_len = 32"):
+        run(model, too_long, mask)
+    with pytest.raises(ValueError, match="ids: token id 50 is outside the vocab"):
+        run(model, torch.full((2, 4), 50), mask[:, :4])
+    with pytest.raises(ValueError, match="mask: expected shape"):
+        run(model, too_long[:, :4], mask[:, :5])
+    run(model, too_long[:, :-1], mask[:, :-1])  # known right: max_len tokens run

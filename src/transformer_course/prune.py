@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import prune as torch_prune
 
+from transformer_course import _validation
 from transformer_course.distill import mean_pool
 from transformer_course.layers import FeedForward
 
@@ -45,6 +46,14 @@ def _layer_gates(model, head_mask) -> list:
             f"L = {n_layers}, got {shape or f'{len(head_mask)} entries'}"
         )
     return list(head_mask)
+
+
+def _embed(model, ids: Tensor, mask: Tensor) -> Tensor:
+    """``model.embed(ids)`` (which checks the ids: shape, ``max_len``, vocabulary)
+    after the same check of ``mask`` as ``MiniLMEncoder.forward``."""
+    x = model.embed(ids)  # (B, S, D)
+    _validation.keep_mask("mask", mask, tuple(ids.shape))
+    return x
 
 
 def encoder_states(
@@ -66,10 +75,13 @@ def encoder_states(
         The last layer's weights are in ``model.layers[-1].self_attn_weights``.
 
     Raises:
-        ValueError: a head_mask without one entry per layer.
+        TypeError / ValueError: as ``MiniLMEncoder.forward`` (ids not (B, S) integer
+            ids, longer than the model's ``max_len`` positions or outside its
+            vocabulary; a mask that is not bool (B, S)), or a head_mask without one
+            entry per layer.
     """
     gates = _layer_gates(model, head_mask)
-    x = model.embed(ids)  # (B, S, D), as MiniLMEncoder.forward
+    x = _embed(model, ids, mask)  # (B, S, D), as MiniLMEncoder.forward
     key_mask = mask[:, None, None, :]  # (B, 1, 1, S)
     last_input = x
     for layer, gate in zip(model.layers, gates):
@@ -158,8 +170,8 @@ def head_importance_loo(
     n_layers, n_heads = len(model.layers), model.layers[0].self_attn.n_heads
     device = model.word_embeddings.weight.device
     base = gates_without(list(removed), n_layers, n_heads).to(device)  # (L, H)
+    x = _embed(model, ids, mask)  # (B, S, D)
     key_mask = mask[:, None, None, :]  # (B, 1, 1, S)
-    x = model.embed(ids)  # (B, S, D)
     inputs = []  # the input of every layer under the gates ``base``
     for layer, gate in zip(model.layers, base):
         inputs.append(x)
