@@ -1,6 +1,7 @@
 # Attention, Illustrated: build the book, run the tests.
 #   make book   create .venv if missing, build the site into _build/html (every chapter executed)
-#   make test   the same set-up (and chromium for the browser tests), then every test
+#   make test   the same set-up (and chromium for the browser tests, bubblewrap for the
+#               grading tests), then every test
 #   make serve  serve the built site on http://127.0.0.1:8000
 #   make bench  performance measurements (ratios, side by side) -> benchmarks/results.{md,json}
 
@@ -14,7 +15,7 @@ PORT ?= 8000
 export TRANSFORMER_COURSE_STATIC := 1
 
 .PHONY: book test test-lib serve notebooks lint clean assignments grade gpu-check bench \
-	browser-deps
+	browser-deps sandbox-deps
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,7 +46,11 @@ test-lib: $(STAMP)
 browser-deps:
 	@bash tools/ensure_browser.sh
 
-test: browser-deps book
+# The grading tests run each submission in bubblewrap: installed the same way when missing.
+sandbox-deps:
+	@bash tools/ensure_sandbox.sh
+
+test: browser-deps sandbox-deps book
 	$(PY) -m pytest
 
 lint: $(STAMP)

@@ -215,14 +215,15 @@ def _submissions(
     first_stub = stubs_src[0]
     for attack in MALICIOUS[chapter]:
         kinds[attack] = [ATTACKS[attack] + first_stub, *stubs[1:]]
-    if chapter == "02_scaled_dot_product" and fill is not None:
-        for attack, (code, _) in SANDBOX_ATTACKS.items():
-            kinds[attack] = [*stubs[:-1], stubs_src[-1] + "\n\n" + code.format(**fill)]
+    if chapter == "02_scaled_dot_product":  # graded with or without a sandbox
         kinds["renamed"] = [
             r.replace(f, f + "_v2")
             for r, e in zip(ref, exercises)
             for f in e.functions[:1]
         ]
+    if chapter == "02_scaled_dot_product" and fill is not None:
+        for attack, (code, _) in SANDBOX_ATTACKS.items():
+            kinds[attack] = [*stubs[:-1], stubs_src[-1] + "\n\n" + code.format(**fill)]
     students = {}
     for kind, answers in kinds.items():
         student = f"{chapter[:2]}_{kind}"
