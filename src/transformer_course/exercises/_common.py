@@ -83,22 +83,41 @@ def exercise_check(check: Callable[..., bool]) -> Callable[..., bool]:
 
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
+_FRAMES = {"shown": True}  # False in the grader's re-check (``hide_frames``)
+
+
+def hide_frames() -> None:
+    """Crash reports in this process show no traceback frames. For the grader's
+    isolated re-check, where the learner's function runs in another process: the only
+    frames here are the grader's own proxy (and its paths), which a student's feedback
+    must not show."""
+    _FRAMES["shown"] = False
 
 
 def _report_crash(fn, err: Exception) -> None:
     frames = [
         f
         for f in traceback.extract_tb(err.__traceback__)
-        if not os.path.abspath(f.filename).startswith(_PACKAGE)
+        if _FRAMES["shown"] and not os.path.abspath(f.filename).startswith(_PACKAGE)
     ]
     name = getattr(fn, "__name__", "your function")
     print(f"✗ {name} raised {type(err).__name__}: {err}")
     if frames:
         print("".join(traceback.format_list(frames[-3:])).rstrip())
-    print(
-        "Hint: the error comes from the code above; print the shapes of the inputs "
-        "and of each intermediate result."
-    )
+        print(
+            "Hint: the error comes from the code above; print the shapes of the inputs "
+            "and of each intermediate result."
+        )
+    elif isinstance(err, NameError):
+        print(
+            "Hint: check the spelling of every name, and that the cell defining it "
+            "ran (the function must keep the name the exercise gives it)."
+        )
+    else:
+        print(
+            "Hint: run this exercise's check in your notebook: it shows the line of "
+            "your code that raised."
+        )
 
 
 def public_test(check: Callable[..., bool], fn: Callable) -> bool:
