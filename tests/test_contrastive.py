@@ -141,3 +141,23 @@ def test_recall_at_k():
     target = torch.tensor([0, 1, 2])
     assert recall_at_k(sim, target, 1) == pytest.approx(2 / 3)
     assert recall_at_k(sim, target, 2) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_contrastive_loss_is_finite_in_half_precision(dtype):
+    """Like the distillation losses: normalize's eps of 1e-12 is 0 in float16, so a
+    zero embedding gave 0 / 0 = NaN; the loss computes in float32."""
+    gen = torch.Generator().manual_seed(0)
+    images, texts = torch.randn(6, 8, generator=gen), torch.randn(6, 8, generator=gen)
+    images[0] = 0.0  # an image the encoder maps to the zero vector
+    half = images.to(dtype)
+    loss = contrastive_loss(half, texts.to(dtype), 14.3)
+    assert torch.isfinite(loss)
+    want = contrastive_loss(half.float(), texts.to(dtype).float(), 14.3)
+    assert loss.item() == pytest.approx(want.item(), rel=1e-5)
+    small = (images[1:] * 1e-3).to(dtype).requires_grad_()  # tiny norms, not zero
+    contrastive_loss(small, texts[1:].to(dtype), 14.3).backward()
+    assert torch.isfinite(small.grad).all()
+    # known wrong: normalising in float16 itself
+    zero = torch.zeros(1, 8, dtype=torch.float16)
+    assert torch.isnan(zero / zero.norm(dim=-1, keepdim=True).clamp_min(1e-12)).all()

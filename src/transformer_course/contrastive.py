@@ -54,7 +54,8 @@ def contrastive_loss(
             by ``LogitScale.clamp_()`` after each optimiser step).
 
     Returns:
-        The scalar loss (mean over the batch); log(B) for random embeddings.
+        The scalar loss (mean over the batch; float32 for float16/bfloat16 inputs, so
+        a zero embedding gives no NaN); log(B) for random embeddings.
 
     Raises:
         ValueError: if the embeddings are not both (B, E) with the same B and E, or
@@ -66,6 +67,10 @@ def contrastive_loss(
             f"image_emb, text_emb: expected the same shape (B, E) with B >= 1, got "
             f"{tuple(image_emb.shape)} and {tuple(text_emb.shape)}"
         )
+    # float32 for half inputs: normalize's eps (1e-12) is 0 in float16 (a zero row: NaN)
+    image_emb, text_emb = (
+        x.to(torch.promote_types(x.dtype, torch.float32)) for x in (image_emb, text_emb)
+    )
     scale = torch.as_tensor(logit_scale, dtype=image_emb.dtype, device=image_emb.device)
     if scale.numel() != 1 or not bool(scale > 0):
         raise ValueError(
