@@ -313,3 +313,12 @@ def test_inputs_longer_than_the_position_table_raise_a_clear_error(model, run):
     with pytest.raises(ValueError, match="mask: expected shape"):
         run(model, too_long[:, :4], mask[:, :5])
     run(model, too_long[:, :-1], mask[:, :-1])  # known right: max_len tokens run
+
+
+def test_head_importance_raises_on_empty_batches(model, batch):
+    """The kind of training.fit's empty-data fault: no batch (an exhausted generator)
+    gave all-zero scores, ranking every head as unimportant, without a word."""
+    used = iter([batch])
+    assert head_importance(model, used, n_probes=1).sum() > 0  # known right
+    with pytest.raises(ValueError, match="batches: expected at least one"):
+        head_importance(model, used, n_probes=1)  # the same iterator, now used up

@@ -119,6 +119,9 @@ def head_importance(
     Returns:
         (L, H) float32 importance scores, >= 0, on the CPU.
 
+    Raises:
+        ValueError: ``batches`` yields no batch (an empty or already used iterator).
+
     Source: Michel et al. 2019, section 4.1 (with the loss above); Hutchinson-style
     estimate of a squared norm from random projections.
     """
@@ -127,7 +130,9 @@ def head_importance(
     gates = torch.ones(n_layers, n_heads, device=device, requires_grad=True)
     generator = torch.Generator().manual_seed(seed)
     scores = torch.zeros(n_layers, n_heads)
+    n_batches = 0
     for ids, mask in batches:
+        n_batches += 1
         ids, mask = ids.to(device), mask.to(device)
         emb = sentence_embeddings(model, ids, mask, head_mask=gates)  # (B, D)
         for p in range(n_probes):
@@ -136,6 +141,8 @@ def head_importance(
                 (u * emb).sum(), gates, retain_graph=p < n_probes - 1
             )
             scores += grad.detach().cpu() ** 2 / n_probes  # (L, H)
+    if not n_batches:  # all-zero scores would rank every head as unimportant
+        raise ValueError("batches: expected at least one (ids, mask) batch, got none")
     if normalize:
         scores = scores / scores.norm(dim=1, keepdim=True).clamp(min=1e-12)
     return scores
@@ -253,19 +260,14 @@ def remove_heads(model, heads: list[tuple[int, int]]):
     """
     by_layer: dict[int, set[int]] = {}
     for layer, head in heads:
-        if not 0 <= layer < len(model.layers):
-            raise ValueError(
-                f"heads: expected layer indices in [0, {len(model.layers)}), "
-                f"got ({layer}, {head})"
-            )
         by_layer.setdefault(layer, set()).add(head)
     for layer, removed in by_layer.items():
-        attn = model.layers[layer].self_attn
-        n_original = attn.n_heads + len(attn.pruned_heads)
-        if not removed <= set(range(n_original)):
+        attn = model.layers[layer].self_attn if 0 <= layer < len(model.layers) else None
+        n_original = attn.n_heads + len(attn.pruned_heads) if attn else 0
+        if not (attn and removed <= set(range(n_original))):
             raise ValueError(
-                f"heads: expected head indices in [0, {n_original}) for layer {layer}, "
-                f"got {sorted(removed)}"
+                f"heads: expected (layer, head) indices of the unpruned model, layer in "
+                f"[0, {len(model.layers)}), got layer {layer}, heads {sorted(removed)}"
             )
         if removed | attn.pruned_heads != set(range(n_original)):
             attn.prune_heads(removed)
