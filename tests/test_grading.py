@@ -998,3 +998,20 @@ def test_a_single_notebook_can_be_given_as_submissions(tmp_path):
     assert [(s, p) for s, p, _ in found] == [("alice", nb)] and skipped == []
     (tmp_path / "bob.ipynb").write_text("{}")  # known right: a folder gives both
     assert [s for s, _, _ in find_submissions(tmp_path)[0]] == ["alice", "bob"]
+
+
+@pytest.mark.parametrize(
+    "option", ["--jobs=0", "--timeout=-1", "--call-timeout=0", "--memory=0"]
+)
+def test_grade_options_that_are_not_positive_end_in_one_line(tmp_path, option):
+    """A held-back variant of finding 5: ``--jobs 0`` ended in a traceback from the
+    thread pool once a submission was found."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "assignments.py"), "grade", "x", option],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "invalid positive" in done.stderr.strip().splitlines()[-1]
