@@ -171,10 +171,11 @@ def describe_process(pid: int) -> str:
 
 def _worker_pid(root: int) -> int:
     """The worker's pid: ``root`` itself, or the first process under it (under bwrap)
-    that runs ``course_grading.worker``. Any other process with that command line is
-    a ``fork`` of it by the notebook."""
+    that runs ``course_grading.worker`` (bwrap's own processes excluded). Any other
+    process with that command line is a ``fork`` of it by the notebook."""
     for pid in [root, *_children(root)]:
-        if "course_grading.worker" in _cmdline(pid):
+        cmd = _cmdline(pid)  # bwrap's own command line names the worker too
+        if "course_grading.worker" in cmd and not cmd.startswith("bwrap"):
             return pid
     return root
 
