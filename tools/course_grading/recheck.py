@@ -155,8 +155,8 @@ _STATES = {"Z": "exited, not yet reaped (a zombie)", "S": "sleeping", "R": "runn
 
 
 def describe_process(pid: int) -> str:
-    """What a process left behind is, in words that never come out empty: its command
-    line, or (a zombie has none) its name and state, with its pid."""
+    """What a process left behind is, in words that never come out empty: its pid and
+    state, then its command line or (a zombie has none) its name."""
     cmd = _cmdline(pid)
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -165,8 +165,8 @@ def describe_process(pid: int) -> str:
         state = stat[stat.rindex(")") + 2 :].split()[0]
     except (OSError, ValueError, IndexError):
         return cmd or f"pid {pid}, which exited before it could be described"
-    what = _STATES.get(state, f"state {state}")
-    return f"{cmd} (pid {pid}, {what})" if cmd else f"{name} (pid {pid}, {what})"
+    what = f"pid {pid}, {_STATES.get(state, f'state {state}')}"
+    return f"{what}: {cmd}" if cmd else f"{what}: {name} (its command line is gone)"
 
 
 def _worker_pid(root: int) -> int:
