@@ -1013,3 +1013,19 @@ def test_grade_options_that_are_not_positive_end_in_one_line(tmp_path, option):
     )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "invalid positive" in done.stderr.strip().splitlines()[-1]
+
+
+def test_a_cell_that_raises_without_a_message_is_still_described():
+    """The eat_memory attack's flag ended "MemoryError: " (a MemoryError has no
+    message): the worker says what the exception means."""
+    from course_grading.worker import _exec_cells
+
+    errors = _exec_cells(
+        [(1, "raise MemoryError"), (2, "raise KeyError"), (3, "raise ValueError('x')")],
+        {},
+    )
+    assert [e["message"] for e in errors] == [
+        "out of memory (the grader's --memory limit per process)",
+        "(no message)",
+        "x",  # known right: a message of its own is kept
+    ]
