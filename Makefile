@@ -1,6 +1,7 @@
 # Attention, Illustrated: build the book, run the tests.
 #   make book   create .venv if missing, build the site into _build/html (every chapter executed)
-#   make test   the same set-up (and chromium for the browser tests), then every test
+#   make test   the same set-up (and chromium for the browser tests, bubblewrap for the
+#               grading tests), then every test
 #   make serve  serve the built site on http://127.0.0.1:8000
 #   make bench  performance measurements (ratios, side by side) -> benchmarks/results.{md,json}
 
@@ -14,7 +15,7 @@ PORT ?= 8000
 export TRANSFORMER_COURSE_STATIC := 1
 
 .PHONY: book test test-fast test-lib serve notebooks lint clean assignments grade gpu-check bench \
-	browser-deps graphviz-deps
+	browser-deps graphviz-deps sandbox-deps
 
 # The diagrams are laid out by Graphviz's dot: installed with apt-get when missing and
 # allowed (root or passwordless sudo), else one line says what to install.
@@ -65,7 +66,11 @@ test-lib: $(STAMP)
 browser-deps:
 	@bash tools/ensure_browser.sh
 
-test: browser-deps book
+# The grading tests run each submission in bubblewrap: installed the same way when missing.
+sandbox-deps:
+	@bash tools/ensure_sandbox.sh
+
+test: browser-deps sandbox-deps book
 	@start=$$(date +%s); \
 	$(PY) -m pytest $(XDIST) --durations=25; \
 	rc=$$?; echo "make test (pytest, after the book build): $$(( $$(date +%s) - start )) s"; \

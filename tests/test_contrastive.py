@@ -87,10 +87,37 @@ def test_logit_scale_is_initialised_and_clamped_as_clip():
     assert isinstance(scale.log_scale, torch.nn.Parameter)
     with torch.no_grad():
         scale.log_scale.fill_(10.0)
-    assert scale().item() == pytest.approx(MAX_LOGIT_SCALE)
+    assert scale.clamp_()().item() == pytest.approx(MAX_LOGIT_SCALE)
+    with torch.no_grad():
+        scale.log_scale.fill_(-1.0)
+    assert scale.clamp_()().item() == pytest.approx(1.0)  # s >= 1, as open_clip
     fixed = LogitScale(0.1, learned=False)
     assert fixed().item() == pytest.approx(10.0)
     assert not list(fixed.parameters())
+
+
+def test_logit_scale_at_the_clamp_keeps_a_gradient_and_comes_back_down():
+    """openai/CLIP #46, open_clip #104: with exp(t) clamped in the forward pass, t's
+    gradient is 0 once t > log 100 and the scale is stuck at 100 for good. Clipped
+    after the optimiser step, it recovers when the loss wants a smaller scale."""
+    scale = LogitScale()
+    with torch.no_grad():
+        scale.log_scale.fill_(math.log(MAX_LOGIT_SCALE) + 0.5)  # past the clamp
+    opt = torch.optim.SGD(scale.parameters(), lr=0.5)
+    gen = torch.Generator().manual_seed(0)
+    images, texts = torch.randn(8, 4, generator=gen), torch.randn(8, 4, generator=gen)
+    for _ in range(20):  # unrelated pairs: a smaller scale means a smaller loss
+        loss = contrastive_loss(images, texts, scale())
+        opt.zero_grad()
+        loss.backward()
+        assert scale.log_scale.grad.item() > 0
+        opt.step()
+        scale.clamp_()
+    assert scale().item() < 0.5 * MAX_LOGIT_SCALE
+    # known wrong: the forward-pass clamp leaves the parameter without a gradient
+    stuck = scale.log_scale.detach().clone().fill_(5.0).requires_grad_()
+    stuck.exp().clamp(max=MAX_LOGIT_SCALE).backward()
+    assert stuck.grad.item() == 0.0
 
 
 def test_dual_encoder_gives_unit_vectors_and_ignores_padding():
@@ -114,3 +141,23 @@ def test_recall_at_k():
     target = torch.tensor([0, 1, 2])
     assert recall_at_k(sim, target, 1) == pytest.approx(2 / 3)
     assert recall_at_k(sim, target, 2) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_contrastive_loss_is_finite_in_half_precision(dtype):
+    """Like the distillation losses: normalize's eps of 1e-12 is 0 in float16, so a
+    zero embedding gave 0 / 0 = NaN; the loss computes in float32."""
+    gen = torch.Generator().manual_seed(0)
+    images, texts = torch.randn(6, 8, generator=gen), torch.randn(6, 8, generator=gen)
+    images[0] = 0.0  # an image the encoder maps to the zero vector
+    half = images.to(dtype)
+    loss = contrastive_loss(half, texts.to(dtype), 14.3)
+    assert torch.isfinite(loss)
+    want = contrastive_loss(half.float(), texts.to(dtype).float(), 14.3)
+    assert loss.item() == pytest.approx(want.item(), rel=1e-5)
+    small = (images[1:] * 1e-3).to(dtype).requires_grad_()  # tiny norms, not zero
+    contrastive_loss(small, texts[1:].to(dtype), 14.3).backward()
+    assert torch.isfinite(small.grad).all()
+    # known wrong: normalising in float16 itself
+    zero = torch.zeros(1, 8, dtype=torch.float16)
+    assert torch.isnan(zero / zero.norm(dim=-1, keepdim=True).clamp_min(1e-12)).all()

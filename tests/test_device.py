@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from transformer_course import get_device, set_seed
-from transformer_course.device import ENV_VAR
+from transformer_course.device import ENV_VAR, seeded
 
 
 def test_cpu_when_nothing_else(monkeypatch):
@@ -85,3 +85,56 @@ def test_set_cpu_threads_rejects_bad_input(monkeypatch):
     with pytest.raises(ValueError, match="OMP_NUM_THREADS"):
         set_cpu_threads()
     assert torch.get_num_threads() == before  # nothing set on bad input
+
+
+def _student_calls(tmp_path):
+    """The library calls that build a seeded module, each ready to run (their teacher
+    and saved student are built beforehand: building them draws random numbers)."""
+    from transformer_course.exercises import check_teacher_forcing_loss
+    from transformer_course.pretrained import MiniLMEncoder, load_minilm_config
+    from transformer_course.student import load_student, make_student, save_student
+    from transformer_course.training import translation_loss
+
+    cfg = {**load_minilm_config(), "d_model": 32, "n_heads": 4, "d_k": 8, "d_ff": 64}
+    teacher = MiniLMEncoder({**cfg, "n_layers": 2}).eval()
+    save_student(make_student(teacher), tmp_path / "s.safetensors", {})
+    return {
+        "make_student": lambda: make_student(teacher),
+        "load_student": lambda: load_student(teacher, tmp_path / "s.safetensors"),
+        "check_teacher_forcing_loss": lambda: check_teacher_forcing_loss(
+            translation_loss
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "name", ["make_student", "load_student", "check_teacher_forcing_loss"]
+)
+def test_library_calls_leave_the_callers_random_stream_alone(name, tmp_path):
+    """fairseq2 PR #591: a library function that seeds for itself must not replace
+    the process-wide torch, Python and NumPy random state of its caller."""
+    import numpy as np
+
+    call = _student_calls(tmp_path)[name]
+    set_seed(123)
+    want = torch.rand(3), random.random(), np.random.rand()
+    set_seed(123)
+    call()
+    got = torch.rand(3), random.random(), np.random.rand()
+    assert torch.equal(got[0], want[0]) and got[1:] == want[1:]
+    # known wrong: reseeding inside the call gives the caller another stream
+    set_seed(123)
+    set_seed(0)
+    assert not torch.equal(torch.rand(3), want[0])
+
+
+def test_seeded_repeats_its_block_and_restores_the_stream():
+    with seeded(5):
+        first = torch.rand(4)
+    before = torch.random.get_rng_state()
+    with seeded(5):
+        again = torch.rand(4)
+    assert torch.equal(first, again)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    with pytest.raises(TypeError, match="seed"), seeded(1.5):
+        pass

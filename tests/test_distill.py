@@ -182,3 +182,94 @@ def test_hidden_mse_against_a_hand_computation():
     assert hidden_mse(t, t, mask).item() == 0.0
     with pytest.raises(ValueError, match="student_hidden"):
         hidden_mse(s[:, :2], t, mask)
+
+
+def _half_inputs():
+    """Inputs of every loss in ``distill``, with padded keys (weights exactly 0, where
+    0 * log 0 needs an epsilon) and embeddings of tiny norm."""
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.tensor([[True, True, True, False], [True, True, False, False]])
+    weights = torch.softmax(torch.randn(2, 2, 4, 4, generator=gen), -1)
+    weights = weights.masked_fill(~mask[:, None, None, :], 0.0)
+    weights = weights / weights.sum(-1, keepdim=True)
+    student_emb = torch.randn(3, 8, generator=gen) * 1e-4  # norms below float16's eps
+    return {
+        "soft_target_loss": (torch.randn(4, 5, generator=gen), torch.randn(4, 5)),
+        "cosine_loss": (student_emb, torch.randn(3, 8, generator=gen)),
+        "hidden_mse": (
+            torch.randn(2, 4, 8, generator=gen) * 300,  # squares beyond float16
+            torch.randn(2, 4, 8, generator=gen),
+            mask,
+        ),
+        "attention_kl": (weights.flip(-2), weights, mask),
+        "value_relation_kl": (
+            torch.randn(2, 2, 4, 8, generator=gen),
+            torch.randn(2, 2, 4, 8, generator=gen),
+            mask,
+        ),
+    }
+
+
+LOSSES = {
+    "soft_target_loss": soft_target_loss,
+    "cosine_loss": cosine_loss,
+    "hidden_mse": hidden_mse,
+    "attention_kl": attention_kl,
+    "value_relation_kl": value_relation_kl,
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_every_loss_is_finite_in_half_precision(name, dtype):
+    """An epsilon of 1e-12 is 0 in float16 (0 * log 0 = NaN) and squares of 300 are
+    inf: each loss computes in float32, with finite gradients, and agrees with the
+    float32 loss of the same (rounded) inputs."""
+    args = _half_inputs()[name]
+    half = [a.to(dtype).requires_grad_() if a.is_floating_point() else a for a in args]
+    loss = LOSSES[name](*half)
+    loss.backward()
+    assert torch.isfinite(loss), f"{name} is {loss.item()} in {dtype}"
+    grad = half[0].grad
+    assert grad is not None and torch.isfinite(grad).all()
+    want = LOSSES[name](*[a.float() if a.is_floating_point() else a for a in half])
+    assert loss.item() == pytest.approx(want.item(), rel=1e-4, abs=1e-6)
+    # known wrong: 0 * log(0 + eps) in float16 itself, as the losses once computed
+    zero = torch.zeros((), dtype=torch.float16)
+    assert torch.isnan(zero * torch.log(zero + 1e-12))
+
+
+def test_spearman_ties_take_average_ranks_like_scipy():
+    """Tied cosines share their average rank (scipy.stats.spearmanr), so listing the
+    sentences in another order gives the same score."""
+    stats = pytest.importorskip("scipy.stats")
+    gen = torch.Generator().manual_seed(0)
+    reference = torch.randn(12, 6, generator=gen)
+    student = torch.randint(0, 2, (12, 3), generator=gen).double()  # many ties
+    student[student.sum(1) == 0, 0] = 1.0  # no zero vector: every cosine defined
+    a, b = pairwise_cosine(student), pairwise_cosine(reference)
+    assert len(a.unique()) < len(a) / 4  # the student's cosines do tie
+    expected = stats.spearmanr(a.round(decimals=6), b).statistic
+    assert spearman_fidelity(student, reference) == pytest.approx(expected, abs=1e-9)
+    for seed in range(3):
+        order = torch.randperm(12, generator=torch.Generator().manual_seed(seed))
+        assert spearman_fidelity(student[order], reference[order]) == pytest.approx(
+            expected, abs=1e-9
+        )
+    # known wrong: ranks broken by position differ from scipy's on these ties
+    by_position = torch.empty(len(a))
+    by_position[a.argsort(stable=True)] = torch.arange(len(a), dtype=torch.float)
+    assert stats.spearmanr(by_position, b).statistic != pytest.approx(expected)
+
+
+@pytest.mark.parametrize("n", [10, 100])
+def test_spearman_gives_a_collapsed_student_no_credit(n):
+    """Every embedding equal: every pair ties, nothing is ordered, the score is 0
+    (not NaN, and not the correlation of the listing order with the teacher's)."""
+    reference = torch.randn(n, 8, generator=torch.Generator().manual_seed(n))
+    collapsed = torch.randn(8).expand(n, 8).clone()
+    assert spearman_fidelity(collapsed, reference) == 0.0
+    # a structured reference: the pairs' listing order is its order of similarity
+    line = torch.stack([torch.ones(n), torch.linspace(0, 3, n)], 1)
+    assert spearman_fidelity(collapsed, line) == 0.0
+    assert spearman_fidelity(line, line) == pytest.approx(1.0)  # known right

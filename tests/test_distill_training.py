@@ -192,16 +192,21 @@ def test_train_student_lowers_the_loss_and_keeps_embeddings_frozen(with_attentio
 def test_train_student_reports_on_its_schedule():
     teacher = tiny_teacher()
     batches = teacher_targets(teacher, LINES, batch_size=4)
-    calls = []
+    student = make_student(teacher)
+    calls, modes = [], []
+
+    def report(elapsed, steps):
+        calls.append((elapsed, steps))
+        modes.append((student.training, torch.is_grad_enabled()))
+
+    seen = []
+    student.layers[0].register_forward_pre_hook(lambda m, a: seen.append(m.training))
     train_student(
-        make_student(teacher),
-        batches,
-        10,
-        clock=step_clock(),
-        report_every=3,
-        report=lambda elapsed, steps: calls.append((elapsed, steps)),
+        student, batches, 10, clock=step_clock(), report_every=3, report=report
     )
     assert [e for e, _ in calls] == [3.0, 6.0, 9.0]
+    assert modes == [(False, False)] * 3  # a report evaluates: eval mode, no graph
+    assert seen and all(seen), "training resumes in train mode after each report"
 
 
 def test_save_and_load_student_round_trip(tmp_path):

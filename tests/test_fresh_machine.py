@@ -1,7 +1,8 @@
-"""A set-up step only CI knew (issue 12, item 6): on a machine without chromium, the
-README's `make test` installs it (root or passwordless sudo) or stops at once with one
-line saying what to install. tools/ensure_browser.sh is run here with a PATH of stub
-commands (id, sudo, apt-get), so nothing is installed or removed for real."""
+"""Set-up steps only CI knew (issue 12, item 6; issue 28, item 11): on a machine without
+chromium or bubblewrap, the README's `make test` installs them (root or passwordless
+sudo) or stops at once with one line saying what to install. tools/ensure_browser.sh and
+tools/ensure_sandbox.sh are run here with a PATH of stub commands (id, sudo, apt-get), so
+nothing is installed or removed for real."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tools" / "ensure_browser.sh"
+SANDBOX_SCRIPT = ROOT / "tools" / "ensure_sandbox.sh"
 BASH = "/bin/bash"
 
 
@@ -57,9 +59,9 @@ def _machine(
     return env, log, chrome
 
 
-def _run(env):
+def _run(env, script=SCRIPT):
     return subprocess.run(
-        [BASH, str(SCRIPT)],
+        [BASH, str(script)],
         env=env,
         capture_output=True,
         text=True,
@@ -113,6 +115,58 @@ def test_setup_does_nothing_when_chromium_is_there(tmp_path):
     assert _run(env).returncode == 0 and log.exists()
 
 
+def _sandbox_machine(tmp_path: Path, *, uid: int, sudo: str | None, apt: bool):
+    """A fake machine without bwrap; apt-get install puts a bwrap stub on PATH."""
+    env, log, _ = _machine(tmp_path, uid=uid, sudo=sudo, apt=apt)
+    bin_dir = Path(env["PATH"])
+    if apt:
+        _stub(
+            bin_dir,
+            "apt-get",
+            f'echo "$@" >> {log}\n'
+            f'if [ "$1" = install ] || [ "$2" = install ]; then\n'
+            f'  echo "#!{BASH}" > {bin_dir}/bwrap; /bin/chmod +x {bin_dir}/bwrap\nfi',
+        )
+    return env, log, bin_dir / "bwrap"
+
+
+@pytest.mark.parametrize(
+    "sudo, apt",
+    [(None, True), ("asks", True), (None, False)],
+    ids=["no-sudo", "sudo-asks-password", "no-apt-get"],
+)
+def test_sandbox_setup_without_rights_stops_at_once_saying_what_to_install(
+    tmp_path, sudo, apt
+):
+    env, log, bwrap = _sandbox_machine(tmp_path, uid=1000, sudo=sudo, apt=apt)
+    result = _run(env, SANDBOX_SCRIPT)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "bubblewrap" in lines[0] and "install" in lines[0]
+    assert not log.exists(), "apt-get ran without the right to install"
+    assert not bwrap.exists()
+
+
+@pytest.mark.parametrize(
+    "uid, sudo", [(0, None), (1000, "passwordless")], ids=["root", "passwordless-sudo"]
+)
+def test_make_test_installs_bubblewrap_when_it_may(tmp_path, uid, sudo):
+    """A fresh machine with chromium but no bubblewrap ended `make test` with a grading
+    test failing; now the set-up installs it as it installs chromium."""
+    env, log, bwrap = _sandbox_machine(tmp_path, uid=uid, sudo=sudo, apt=True)
+    result = _run(env, SANDBOX_SCRIPT)
+    assert result.returncode == 0, result.stderr
+    calls = log.read_text().splitlines()
+    assert calls[0].startswith("update")
+    assert calls[1].startswith("install") and calls[1].endswith("bubblewrap")
+    assert bwrap.exists()
+    # known right: with bwrap there, nothing runs
+    log.unlink()
+    again = _run(env, SANDBOX_SCRIPT)
+    assert again.returncode == 0 and again.stdout == again.stderr == ""
+    assert not log.exists()
+
+
 def test_make_test_sets_up_the_browser_before_the_long_build():
     plan = subprocess.run(
         ["make", "-n", "test"],
@@ -122,10 +176,16 @@ def test_make_test_sets_up_the_browser_before_the_long_build():
         timeout=60,
         check=False,
     ).stdout
-    setup = plan.find("tools/ensure_browser.sh")
-    assert setup != -1, "make test does not set up chromium"
     build = plan.find("tools/build_book.py")  # jupyter-book build, on every core
     assert build != -1, "make test does not build the book"
-    assert setup < build
+    for script, what in (
+        ("tools/ensure_browser.sh", "chromium"),
+        ("tools/ensure_sandbox.sh", "bubblewrap"),
+    ):
+        setup = plan.find(script)
+        assert setup != -1, f"make test does not set up {what}"
+        assert setup < build
     readme = (ROOT / "README.md").read_text()
     assert "make test" in readme
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "apt-get" not in ci, ".ci/run installs what make test should set up itself"

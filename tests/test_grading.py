@@ -87,6 +87,11 @@ def _forged(obj, f, *args, **kwargs):
 _pickle.dump = _forged
 """,
 }
+# A full answer that also writes into ~ (inside the sandbox, a scratch folder).
+WRITE_HOME = (
+    "import os as _os\n"
+    "open(_os.path.expanduser('~/notes-by-a-student.txt'), 'w').write('hello')\n"
+)
 MALICIOUS = {
     "01_qkv": ["patch_checker", "patch_otter"],
     "02_scaled_dot_product": ["rewrite_hidden_tests", "overwrite_results"],
@@ -215,14 +220,16 @@ def _submissions(
     first_stub = stubs_src[0]
     for attack in MALICIOUS[chapter]:
         kinds[attack] = [ATTACKS[attack] + first_stub, *stubs[1:]]
-    if chapter == "02_scaled_dot_product" and fill is not None:
-        for attack, (code, _) in SANDBOX_ATTACKS.items():
-            kinds[attack] = [*stubs[:-1], stubs_src[-1] + "\n\n" + code.format(**fill)]
+    if chapter == "02_scaled_dot_product":  # graded with or without a sandbox
+        kinds["writes_home"] = [*ref[:-1], ref[-1] + "\n\n" + WRITE_HOME]
         kinds["renamed"] = [
             r.replace(f, f + "_v2")
             for r, e in zip(ref, exercises)
             for f in e.functions[:1]
         ]
+    if chapter == "02_scaled_dot_product" and fill is not None:
+        for attack, (code, _) in SANDBOX_ATTACKS.items():
+            kinds[attack] = [*stubs[:-1], stubs_src[-1] + "\n\n" + code.format(**fill)]
     students = {}
     for kind, answers in kinds.items():
         student = f"{chapter[:2]}_{kind}"
@@ -408,6 +415,7 @@ def graded(tmp_path_factory):
         "skipped": everything["skipped"],
         "stray": _stray_processes(),
         "grades_text": (out / "grades.csv").read_text(),
+        "flags_md": (out / "flags.md").read_text(),
     }
 
 
@@ -514,7 +522,9 @@ def test_malicious_submission_does_not_raise_its_score(graded, chapter, attack):
     assert _total(graded, "grades", student) == 0
     assert graded["grades"][student]["flags"]
     feedback = (graded["out"] / "feedback" / f"{student}.md").read_text()
-    assert "isolated re-check" in feedback
+    assert "isolated re-check" not in feedback  # how it was caught: instructor only
+    assert f"## {student} " in graded["flags_md"]
+    assert "otter gave 1 but the isolated re-check 0" in graded["flags_md"]
 
 
 def test_grades_csv_has_one_row_per_student_and_a_column_per_question(graded):
@@ -619,6 +629,42 @@ def test_renamed_functions_are_flagged_with_the_closest_name(graded):
         assert f"{f} is not defined (closest name found: {f}_v2)" in row["flags"], row[
             "flags"
         ]
+    feedback = (graded["out"] / "feedback" / "02_renamed.md").read_text()
+    assert "closest name found" in feedback  # the student learns what to rename
+    assert "the error comes from the code above" not in feedback  # no frames shown
+
+
+def test_student_feedback_holds_no_flags_nor_grader_internals(graded):
+    """Instructor trial 2026-12-01, finding 2: feedback/<student>.md is sent as it is,
+    so it holds no flag for the instructor (how a cheater was caught), no traceback
+    through the grader's own files and no path of the instructor's machine; the flags
+    are in flags.md (and grades.csv), every flagged student there."""
+    flagged = [s for s, r in graded["grades"].items() if r["assignment"] and r["flags"]]
+    assert flagged and "02_renamed" in flagged
+    for student, kind in graded["kinds"].items():
+        text = (graded["out"] / "feedback" / f"{student}.md").read_text()
+        leaks = ["Flags for the instructor", "otter gave", "course_grading", 'File "']
+        leaks += [str(ROOT), "WorkerError"]
+        if kind not in SANDBOX_ATTACKS:  # an attack's own error names what it aimed at
+            leaks.append(str(graded["subs"]))
+        for leak in leaks:
+            assert leak not in text, f"{student}'s feedback shows {leak!r}:\n{text}"
+    for student in flagged:
+        assert f"## {student} " in graded["flags_md"]
+        for flag in graded["grades"][student]["flags"].split(" | "):
+            assert flag in graded["flags_md"]
+    assert "## 02_reference " not in graded["flags_md"]  # known right: not flagged
+
+
+def test_a_write_to_home_is_flagged_with_what_happened(graded):
+    """Finding 4: ~ inside the sandbox is a scratch folder; a write there reaches
+    nothing of the instructor's, and the flag says so, naming the file."""
+    row = graded["grades"]["02_writes_home"]
+    assert float(row["total"]) == _possible(graded, "02_scaled_dot_product")
+    assert "wrote 1 file(s) into ~ (~/notes-by-a-student.txt)" in row["flags"]
+    assert "your own home was not touched" in row["flags"]
+    assert not (Path.home() / "notes-by-a-student.txt").exists()
+    assert graded["grades"]["02_reference"]["flags"] == ""  # known right
 
 
 def test_no_temporary_folders_are_left_behind(graded):
@@ -643,6 +689,11 @@ def test_sandbox_attack_changes_nothing_and_is_flagged(graded, attack):
     assert SANDBOX_ATTACKS[attack][1] in graded["grades"][student]["flags"], graded[
         "grades"
     ][student]["flags"]
+    for flag in graded["grades"][student]["flags"].split(" | "):
+        assert not flag.rstrip().endswith(":"), f"a flag that says nothing: {flag!r}"
+    if attack == "background_process":  # its pid, state and command line
+        assert "running after its cells: pid " in graded["grades"][student]["flags"]
+        assert "-c import pathlib" in graded["grades"][student]["flags"]
     assert graded["grades"][student]["sandbox"] == "bwrap"
     # nothing outside its own folder changed; the honest submissions keep full marks
     assert graded["after"]["subs"] == graded["before"]["subs"]
@@ -850,3 +901,131 @@ def test_auto_sandbox_refuses_without_a_backend(tmp_path):
         "apt-get install bubblewrap" in done.stderr and "--sandbox none" in done.stderr
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_every_stray_process_is_described_never_by_an_empty_string():
+    """Finding 4: "left a process running after its cells: " ended at the colon when the
+    process had no command line (a zombie); now its name, pid and state are given."""
+    from course_grading.recheck import describe_process
+
+    zombie = subprocess.Popen(["sleep", "0"])
+    time.sleep(0.5)  # exited, not reaped: /proc/<pid>/cmdline is empty
+    assert Path(f"/proc/{zombie.pid}/cmdline").read_bytes() == b""
+    described = describe_process(zombie.pid)
+    assert described.startswith(f"pid {zombie.pid}, exited") and "zombie" in described
+    assert described.endswith(": sleep (its command line is gone)")
+    zombie.wait()
+    assert "exited" in describe_process(zombie.pid)  # gone altogether
+    assert "pytest" in describe_process(os.getpid())  # known right: a command line
+
+
+def _grade(tmp_path, submissions, env=None):
+    assignments_dir = tmp_path / "assignments" / "x"
+    (assignments_dir / "autograder").mkdir(parents=True, exist_ok=True)
+    (assignments_dir / "grading.json").write_text(
+        json.dumps({"assignment": "x", "questions": []})
+    )
+    (assignments_dir / "autograder" / "x-autograder.zip").write_bytes(b"zip")
+    return subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "assignments.py"),
+            "grade",
+            str(submissions),
+            "--assignments",
+            str(tmp_path / "assignments"),
+            "--out",
+            str(tmp_path / "out"),
+            "--sandbox",
+            "none",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+    )
+
+
+@pytest.mark.parametrize("kind", ["missing folder", "a text file", "unreadable"])
+def test_bad_submissions_end_in_one_line_not_a_traceback(tmp_path, kind):
+    """Finding 5: a mistyped SUBMISSIONS ended in a Python traceback."""
+    path = {
+        "missing folder": tmp_path / "subz",
+        "a text file": tmp_path / "notes.txt",
+        "unreadable": tmp_path / "locked",
+    }[kind]
+    if kind == "a text file":
+        path.write_text("not a notebook")
+    if kind == "unreadable":
+        if os.geteuid() == 0:
+            pytest.skip("root reads every folder")
+        path.mkdir()
+        path.chmod(0)
+    done = _grade(tmp_path, path)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("SUBMISSIONS: "), done.stderr
+    assert str(path) in lines[0] and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_of_only_skipped_files_still_writes_a_row_for_each(tmp_path):
+    """Finding 5: every file not graded gets a row in grades.csv (the guide's promise),
+    also when no file in the folder could be graded."""
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    (subs / "notes.txt").write_text("not a notebook")
+    (subs / "report.pdf").write_bytes(b"%PDF")
+    done = _grade(tmp_path, subs)
+    assert done.returncode == 1 and "no submissions to grade" in done.stderr
+    assert "Traceback" not in done.stderr
+    with open(tmp_path / "out" / "grades.csv") as f:
+        rows = {row["student"]: row for row in csv.DictReader(f)}
+    assert set(rows) == {"notes", "report"}
+    assert rows["report"]["status"].startswith("skipped report.pdf: neither")
+
+
+def test_a_single_notebook_can_be_given_as_submissions(tmp_path):
+    """Finding 5: SUBMISSIONS=<folder>/alice.ipynb grades that one notebook."""
+    from course_grading.grade import find_submissions
+
+    nb = tmp_path / "alice.ipynb"
+    nb.write_text(json.dumps({"cells": [], "metadata": {}}))
+    found, skipped = find_submissions(nb)
+    assert [(s, p) for s, p, _ in found] == [("alice", nb)] and skipped == []
+    (tmp_path / "bob.ipynb").write_text("{}")  # known right: a folder gives both
+    assert [s for s, _, _ in find_submissions(tmp_path)[0]] == ["alice", "bob"]
+
+
+@pytest.mark.parametrize(
+    "option", ["--jobs=0", "--timeout=-1", "--call-timeout=0", "--memory=0"]
+)
+def test_grade_options_that_are_not_positive_end_in_one_line(tmp_path, option):
+    """A held-back variant of finding 5: ``--jobs 0`` ended in a traceback from the
+    thread pool once a submission was found."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "assignments.py"), "grade", "x", option],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "invalid positive" in done.stderr.strip().splitlines()[-1]
+
+
+def test_a_cell_that_raises_without_a_message_is_still_described():
+    """The eat_memory attack's flag ended "MemoryError: " (a MemoryError has no
+    message): the worker says what the exception means."""
+    from course_grading.worker import _exec_cells
+
+    errors = _exec_cells(
+        [(1, "raise MemoryError"), (2, "raise KeyError"), (3, "raise ValueError('x')")],
+        {},
+    )
+    assert [e["message"] for e in errors] == [
+        "out of memory (the grader's --memory limit per process)",
+        "(no message)",
+        "x",  # known right: a message of its own is kept
+    ]

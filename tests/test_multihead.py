@@ -407,7 +407,27 @@ def test_head_gates_of_one_change_nothing_and_zero_equals_pruning():
     with pytest.raises(ValueError, match="head_mask"):
         mha(x, x, x, head_mask=torch.ones(H + 1))
     with pytest.raises(ValueError, match="heads"):
-        pruned.prune_heads(range(H - 1))
+        pruned.prune_heads([h for h in range(H) if h != 2])  # every head left
+    with pytest.raises(ValueError, match="heads"):
+        pruned.prune_heads([H])  # outside the unpruned module
+
+
+def test_prune_heads_in_two_calls_equals_one_call():
+    """Indices are the unpruned module's in every call (Hugging Face's
+    ``pruned_heads``); a head already removed is ignored."""
+    mha = MultiHeadAttention(D, H).eval()
+    x = torch.randn(2, 5, D)
+    gates = torch.ones(H)
+    gates[[0, 2]] = 0.0
+    gated, _ = mha(x, x, x, head_mask=gates)
+    twice = MultiHeadAttention(D, H).eval()
+    twice.load_state_dict(mha.state_dict())
+    twice.prune_heads([0]).prune_heads([2, 0])
+    assert twice.n_heads == H - 2 and twice.pruned_heads == {0, 2}
+    assert close(twice(x, x, x)[0], gated)
+    wrong = torch.ones(H)
+    wrong[[0, 3]] = 0.0  # known wrong: 2 read as an index of the pruned module
+    assert not close(mha(x, x, x, head_mask=wrong)[0], gated)
 
 
 def test_rotary_attention_under_a_cache_equals_the_full_pass(list_cache):

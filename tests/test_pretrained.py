@@ -122,7 +122,7 @@ def test_bad_input(ours):
     ids, _ = P.tokenize("Hello world.")
     with pytest.raises(TypeError, match="ids"):
         ours(ids.float())
-    with pytest.raises(ValueError, match=r"ids: expected shape \(B, S\)"):
+    with pytest.raises(ValueError, match=r"ids: expected token ids of shape \(B, L\)"):
         ours(ids[0])
     with pytest.raises(ValueError, match="mask"):
         ours(ids, torch.ones(1, 4, dtype=torch.bool))

@@ -84,6 +84,49 @@ def test_zero_gate_equals_physical_removal(model, batch):
     assert not torch.allclose(sentence_embeddings(other, ids, mask), gated)
 
 
+@pytest.mark.parametrize(
+    "calls",
+    [
+        [[(0, 1), (2, 0)], [(0, 2), (2, 3)]],  # original indices across two calls
+        [[(0, 1), (0, 1)], [(0, 2), (2, 0), (2, 3)]],  # a head named twice
+        [[(0, 1), (2, 0), (2, 3)], [(2, 0), (0, 2)]],  # a head removed again
+        [[(1, 0), (1, 1)], [(1, 2), (1, 3), (1, 0)]],  # a layer emptied in two calls
+    ],
+)
+def test_removing_heads_in_two_calls_equals_one_call(model, batch, calls):
+    """Head indices are the unpruned model's in every call (Hugging Face's
+    ``pruned_heads``, transformers PRs #1077 and #4799); a head already removed, or
+    named twice, is ignored."""
+    ids, mask = batch
+    heads = sorted({h for call in calls for h in call})
+    gated = sentence_embeddings(model, ids, mask, head_mask=gates_without(heads, 3, 4))
+    twice = clone_encoder(model)
+    for call in calls:
+        remove_heads(twice, call)
+    once = remove_heads(clone_encoder(model), heads)
+    assert [len(layer.self_attn.pruned_heads) for layer in twice.layers] == [
+        sum(h[0] == i for h in heads) for i in range(3)
+    ]
+    torch.testing.assert_close(sentence_embeddings(twice, ids, mask), gated)
+    torch.testing.assert_close(
+        sentence_embeddings(twice, ids, mask), sentence_embeddings(once, ids, mask)
+    )
+    # known wrong: the second call's heads read as indices of the pruned model
+    other = gates_without(sorted(set(calls[0]) | {(0, 3), (2, 1)}), 3, 4)
+    assert not torch.allclose(
+        sentence_embeddings(model, ids, mask, head_mask=other), gated
+    )
+
+
+def test_remove_heads_rejects_indices_outside_the_unpruned_model(model):
+    pruned = remove_heads(clone_encoder(model), [(0, 1)])
+    for bad in ([(0, 4)], [(3, 0)], [(-1, 0)]):
+        with pytest.raises(ValueError, match="heads: expected"):
+            remove_heads(pruned, bad)
+    remove_heads(pruned, [(0, 3)])  # known right: the last original index is valid
+    assert pruned.layers[0].self_attn.pruned_heads == {1, 3}
+
+
 def test_removing_every_head_of_a_layer_leaves_the_output_bias(model, batch):
     ids, mask = batch
     heads = [(1, h) for h in range(4)]
@@ -239,3 +282,43 @@ def test_iterative_head_order(model, batch):
     second = head_importance_loo(model, ids, mask, removed=order[:4])
     rest = [divmod(i, 4) for i in second.flatten().argsort().tolist()]
     assert order[4:8] == [h for h in rest if h not in order[:4]][:4]
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        lambda m, ids, mask: m(ids, mask),
+        lambda m, ids, mask: encoder_states(m, ids, mask),
+        lambda m, ids, mask: sentence_embeddings(m, ids, mask),
+        lambda m, ids, mask: head_importance_loo(m, ids, mask),
+        lambda m, ids, mask: head_importance(m, [(ids, mask)], n_probes=1),
+    ],
+    ids=[
+        "forward",
+        "encoder_states",
+        "sentence_embeddings",
+        "head_importance_loo",
+        "head_importance",
+    ],
+)
+def test_inputs_longer_than_the_position_table_raise_a_clear_error(model, run):
+    """sentence-transformers #1600: every way into the encoder names ``ids`` and
+    ``max_len`` instead of failing deep in ``nn.Embedding`` with an IndexError."""
+    too_long = torch.ones(2, CFG["max_len"] + 1, dtype=torch.long)
+    mask = torch.ones_like(too_long, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"ids: expected at most max_len = 32"):
+        run(model, too_long, mask)
+    with pytest.raises(ValueError, match="ids: token id 50 is outside the vocab"):
+        run(model, torch.full((2, 4), 50), mask[:, :4])
+    with pytest.raises(ValueError, match="mask: expected shape"):
+        run(model, too_long[:, :4], mask[:, :5])
+    run(model, too_long[:, :-1], mask[:, :-1])  # known right: max_len tokens run
+
+
+def test_head_importance_raises_on_empty_batches(model, batch):
+    """The kind of training.fit's empty-data fault: no batch (an exhausted generator)
+    gave all-zero scores, ranking every head as unimportant, without a word."""
+    used = iter([batch])
+    assert head_importance(model, used, n_probes=1).sum() > 0  # known right
+    with pytest.raises(ValueError, match="batches: expected at least one"):
+        head_importance(model, used, n_probes=1)  # the same iterator, now used up

@@ -176,6 +176,45 @@ def test_clipping_bounds_the_update():
     assert step.item() == pytest.approx(1e-3, rel=1e-3)
 
 
+def _counted(passes):
+    """batches() that records its calls and, instead of letting a broken ``fit`` spin
+    forever, fails on the fourth call (so the test needs no timeout)."""
+    calls = []
+
+    def batches():
+        calls.append(1)
+        if len(calls) > 3:
+            raise RuntimeError("fit called batches() again after empty passes")
+        return passes(len(calls))
+
+    return batches, calls
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["empty dataset", "exhausted generator", "empty after one pass"],
+)
+def test_fit_raises_on_empty_batches(kind):
+    model, data = _tiny()
+    one_pass = data()
+    exhausted = iter(one_pass)
+    list(exhausted)
+    passes = {
+        "empty dataset": lambda n: [],
+        "exhausted generator": lambda n: exhausted,
+        "empty after one pass": lambda n: one_pass if n == 1 else iter(()),
+    }[kind]
+    batches, calls = _counted(passes)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = functools.partial(translation_loss, criterion=make_criterion(0.0))
+    with pytest.raises(ValueError, match="batches: expected every call to yield"):
+        fit(model, batches, loss, opt, max_steps=5, progress=False)
+    assert len(calls) == (2 if kind == "empty after one pass" else 1)
+    # known right: a batches() that yields on every call trains to max_steps
+    hist = fit(model, data, loss, opt, max_steps=3, progress=False)
+    assert hist.steps == 3
+
+
 def test_fit_stops_on_divergence_and_evaluates():
     model, data = _tiny()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -507,3 +546,63 @@ def test_next_token_windows_and_lm_loss(tiny_config):
     assert lm_loss(lm, x, x) != expected  # known wrong: the targets are read
     with pytest.raises(ValueError, match="ids"):
         next_token_windows(torch.arange(3), 3)
+
+
+def _copy_accuracy(model):
+    from transformer_course.recurrent import copy_accuracy
+
+    return copy_accuracy(model, 4, 10, batch_size=2)
+
+
+def _cross_attention(model):
+    from transformer_course.vision import cross_attention
+
+    return cross_attention(model, torch.rand(2, 8, 16), torch.tensor([[1, 5, 6]] * 2))
+
+
+def _recurrent_model():
+    from transformer_course.recurrent import LSTMSeq2Seq
+
+    return LSTMSeq2Seq(10, 8, 8, attention=True)
+
+
+def _captioner():
+    from transformer_course.vision import Captioner
+
+    cfg = TransformerConfig(
+        src_vocab_size=4,
+        tgt_vocab_size=12,
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        n_layers=1,
+        dropout=0.5,
+        max_len=10,
+    )
+    return Captioner(cfg, (8, 16), 4)
+
+
+@pytest.mark.parametrize(
+    "helper, build",
+    [(_copy_accuracy, _recurrent_model), (_cross_attention, _captioner)],
+    ids=["recurrent.copy_accuracy", "vision.cross_attention"],
+)
+def test_helpers_that_switch_to_eval_mode_restore_every_module_mode(helper, build):
+    """Every library helper that evaluates a model gives each submodule back its mode
+    (train, or eval for a frozen part): a helper that calls ``model.eval()`` and stops
+    there silently turns dropout off for the training that follows."""
+    model = build()
+    model.train()
+    frozen = list(model.modules())[-1]
+    frozen.eval()  # a part the caller froze stays frozen
+    before = [m.training for m in model.modules()]
+    seen = []
+    for module in model.modules():
+        module.register_forward_pre_hook(lambda m, a: seen.append(m.training))
+    helper(model)
+    assert seen and not any(seen), "the helper ran the model with dropout on"
+    assert [m.training for m in model.modules()] == before
+    # known wrong: model.eval() then model.train() loses the frozen part's mode
+    model.eval()
+    model.train()
+    assert [m.training for m in model.modules()] != before

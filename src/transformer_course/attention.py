@@ -270,6 +270,7 @@ class MultiHeadAttention(nn.Module):
         _validation.divisor("n_kv_heads", n_kv_heads, "n_heads", n_heads)
         self.d_model, self.n_heads, self.d_k = d_model, n_heads, head_dim
         self.n_kv_heads, self.dropout, self.backend = n_kv_heads, dropout, backend
+        self.pruned_heads: set[int] = set()  # removed heads, original indices
         self._backend_fn()  # fail early on an unknown name
         self.rotary = rotary
         d_q, d_kv = n_heads * head_dim, n_kv_heads * head_dim
@@ -333,23 +334,26 @@ class MultiHeadAttention(nn.Module):
         return out, (weights if need_weights else None)
 
     def prune_heads(self, heads: Iterable[int]) -> MultiHeadAttention:
-        """Remove query heads ``heads`` (indices into the current heads) physically:
-        W^Q, W^K, W^V lose their rows and W^O its columns, so the module gets smaller
-        and faster. Equals gating those heads with 0 (``head_mask``). Returns self.
+        """Remove query heads ``heads`` (indices of the unpruned module, as Hugging
+        Face's ``pruned_heads``) physically: W^Q, W^K, W^V lose their rows and W^O its
+        columns, so the module gets smaller and faster. Equals gating those heads with
+        0 (``head_mask``). A head already removed is ignored, so two calls equal one
+        with both lists; ``pruned_heads`` keeps the removed indices. Returns self.
 
-        Raises ValueError for an index outside [0, H), removing every head, or a
-        grouped-query module (its key/value heads are shared by query heads).
+        Raises ValueError for an index outside [0, H) of the unpruned module, removing
+        every head, or a grouped-query module (its key/value heads are shared).
         Source: Michel et al. 2019, section 2.2; Hugging Face ``prune_heads``.
         """
-        heads = set(heads)
+        heads, n_original = set(heads), self.n_heads + len(self.pruned_heads)
         if self.n_kv_heads != self.n_heads:
             raise ValueError("prune_heads: grouped-query heads cannot be removed")
-        if not heads <= set(range(self.n_heads)) or len(heads) >= self.n_heads:
+        current = [h for h in range(n_original) if h not in self.pruned_heads]
+        keep = [i for i, h in enumerate(current) if h not in heads]  # current indices
+        if not heads <= set(range(n_original)) or not keep:
             raise ValueError(
-                f"heads: expected indices in [0, {self.n_heads}) that leave at least "
-                f"one head, got {sorted(heads)}"
+                f"heads: expected indices in [0, {n_original}) that leave at least "
+                f"one head (removed: {sorted(self.pruned_heads)}), got {sorted(heads)}"
             )
-        keep = [h for h in range(self.n_heads) if h not in heads]
         rows = torch.arange(self.n_heads * self.d_k, device=self.q_proj.weight.device)
         index = rows.view(self.n_heads, self.d_k)[keep].flatten()  # (H' * d_k,)
         self.q_proj = _keep_features(self.q_proj, index, 0)
@@ -357,4 +361,5 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = _keep_features(self.v_proj, index, 0)
         self.out_proj = _keep_features(self.out_proj, index, 1)
         self.n_heads = self.n_kv_heads = len(keep)
+        self.pruned_heads |= heads
         return self

@@ -11,7 +11,8 @@ the B (cross-entropy along a row) and each caption its own image (along a column
 Sources: Radford et al. 2021, "Learning Transferable Visual Models From Natural
 Language Supervision" (CLIP), section 2.3 and figure 3 (the loss, in numpy-like
 pseudocode), section 2.5 (temperature initialised to 0.07, logit scale clipped at
-100); van den Oord et al. 2018 (InfoNCE); Sohn 2016 (the N-pair loss).
+100, here after the optimiser step as in open_clip); van den Oord et al. 2018
+(InfoNCE); Sohn 2016 (the N-pair loss).
 """
 
 from __future__ import annotations
@@ -49,10 +50,12 @@ def contrastive_loss(
     Args:
         image_emb, text_emb: (B, E) float; normalised here (their norm is ignored).
         logit_scale: the scale s > 0 (a scalar tensor or float), e.g.
-            ``LogitScale()()``, which is exp of a learned log-scale, clamped at 100.
+            ``LogitScale()()``, which is exp of a learned log-scale (kept at most 100
+            by ``LogitScale.clamp_()`` after each optimiser step).
 
     Returns:
-        The scalar loss (mean over the batch); log(B) for random embeddings.
+        The scalar loss (mean over the batch; float32 for float16/bfloat16 inputs, so
+        a zero embedding gives no NaN); log(B) for random embeddings.
 
     Raises:
         ValueError: if the embeddings are not both (B, E) with the same B and E, or
@@ -64,6 +67,10 @@ def contrastive_loss(
             f"image_emb, text_emb: expected the same shape (B, E) with B >= 1, got "
             f"{tuple(image_emb.shape)} and {tuple(text_emb.shape)}"
         )
+    # float32 for half inputs: normalize's eps (1e-12) is 0 in float16 (a zero row: NaN)
+    image_emb, text_emb = (
+        x.to(torch.promote_types(x.dtype, torch.float32)) for x in (image_emb, text_emb)
+    )
     scale = torch.as_tensor(logit_scale, dtype=image_emb.dtype, device=image_emb.device)
     if scale.numel() != 1 or not bool(scale > 0):
         raise ValueError(
@@ -79,8 +86,15 @@ def contrastive_loss(
 
 class LogitScale(nn.Module):
     """The learned scale s = exp(t) = 1 / temperature, as CLIP parameterises it:
-    t starts at log(1 / 0.07) and s is clamped at 100. ``learned=False`` keeps it
-    fixed (a buffer). ``forward()`` -> the scalar s."""
+    t starts at log(1 / 0.07). ``learned=False`` keeps it fixed (a buffer).
+    ``forward()`` -> the scalar s.
+
+    s is capped at 100 the way open_clip does it: the training loop calls
+    ``clamp_()`` after each optimiser step, which clips the parameter t to
+    [0, log 100] in place. Clamping exp(t) in the forward pass instead (CLIP's first
+    code, openai/CLIP issue #46, open_clip issue #104) gives t a gradient of exactly 0
+    once it passes log 100: the scale can then never come back down.
+    """
 
     def __init__(self, init_temperature: float = INIT_TEMPERATURE, *, learned=True):
         super().__init__()
@@ -93,7 +107,15 @@ class LogitScale(nn.Module):
             self.register_buffer("log_scale", t, persistent=False)
 
     def forward(self) -> Tensor:
-        return self.log_scale.exp().clamp(max=MAX_LOGIT_SCALE)
+        return self.log_scale.exp()
+
+    @torch.no_grad()
+    def clamp_(self) -> LogitScale:
+        """Clip t to [0, log MAX_LOGIT_SCALE] in place (s in [1, 100]); call it after
+        every ``optimizer.step()``. Returns self. Source: open_clip's training loop
+        (``unwrap_model(model).logit_scale.clamp_(0, math.log(100))``)."""
+        self.log_scale.clamp_(0.0, math.log(MAX_LOGIT_SCALE))
+        return self
 
 
 class DualEncoder(nn.Module):

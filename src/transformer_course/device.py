@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import numpy as np
@@ -80,6 +82,24 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+@contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """``with seeded(seed):`` runs the block on PyTorch's CPU random stream seeded
+    with ``seed``, then gives the caller's stream back exactly as it was
+    (``torch.random.fork_rng``). For library code that builds modules (whose
+    initialisers draw from the global stream) reproducibly without reseeding the
+    caller's process, which ``set_seed`` would do (fairseq2 PR #591).
+
+    Raises:
+        TypeError: if ``seed`` is not an int.
+    """
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
 
 
 class CPUThreads(NamedTuple):

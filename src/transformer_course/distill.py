@@ -10,7 +10,9 @@ measured without labels: how well the student keeps the teacher's pairwise simil
 between sentences.
 
 Shape letters: B batch, S tokens, D d_model, H heads, d_k head size, C classes,
-N sentences. Masks are bool, True = real token.
+N sentences. Masks are bool, True = real token. Every loss computes in float32 when
+given float16 or bfloat16 (as autocast does for losses): their epsilons (1e-12 here,
+1e-8 in ``cosine_similarity``) round to 0 in half precision, and 0 * log 0 is NaN.
 
 Sources:
     Hinton, Vinyals and Dean 2015, "Distilling the Knowledge in a Neural Network",
@@ -44,6 +46,12 @@ def _same_shape(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:
         )
 
 
+def _at_least_float32(*tensors: Tensor) -> list[Tensor]:
+    """float16 / bfloat16 tensors as float32 (float32 and float64 unchanged), so a
+    loss's epsilon and its sums of many terms do not vanish or overflow."""
+    return [x.to(torch.promote_types(x.dtype, torch.float32)) for x in tensors]
+
+
 def soft_target_loss(
     student_logits: Tensor, teacher_logits: Tensor, temperature: float = 2.0
 ) -> Tensor:
@@ -60,8 +68,9 @@ def soft_target_loss(
         temperature: T > 0.
 
     Returns:
-        Scalar: the KL summed over classes, averaged over all leading positions,
-        times T^2. Zero when the logits agree (up to a constant per row).
+        Scalar (float32 for half-precision inputs): the KL summed over classes,
+        averaged over all leading positions, times T^2. Zero when the logits agree
+        (up to a constant per row).
 
     Raises:
         TypeError: non-float tensors. ValueError: different shapes, T <= 0.
@@ -71,6 +80,7 @@ def soft_target_loss(
     _same_shape("student_logits", student_logits, "teacher_logits", teacher_logits)
     if not temperature > 0:
         raise ValueError(f"temperature: expected a number > 0, got {temperature}")
+    student_logits, teacher_logits = _at_least_float32(student_logits, teacher_logits)
     log_p_student = F.log_softmax(student_logits / temperature, dim=-1)  # (..., C)
     log_p_teacher = F.log_softmax(teacher_logits / temperature, dim=-1)  # (..., C)
     kl = (log_p_teacher.exp() * (log_p_teacher - log_p_student)).sum(-1)  # (...,)
@@ -100,6 +110,7 @@ def cosine_loss(student: Tensor, teacher: Tensor) -> Tensor:
     embedding loss. Shapes: (B, D) each; returns a scalar in [0, 2].
     Source: Sanh et al. 2019, section 3."""
     _same_shape("student", student, "teacher", teacher)
+    student, teacher = _at_least_float32(student, teacher)
     return (1.0 - F.cosine_similarity(student, teacher, dim=-1)).mean()
 
 
@@ -116,6 +127,7 @@ def hidden_mse(student_hidden: Tensor, teacher_hidden: Tensor, mask: Tensor) -> 
     2019, section 3.
     """
     _same_shape("teacher_hidden", teacher_hidden, "student_hidden", student_hidden)
+    student_hidden, teacher_hidden = _at_least_float32(student_hidden, teacher_hidden)
     weights = mask[..., None].to(student_hidden.dtype)  # (B, S, 1)
     sq = (student_hidden - teacher_hidden) ** 2 * weights  # (B, S, D)
     return sq.sum() / (weights.sum() * student_hidden.shape[-1]).clamp(min=1.0)
@@ -124,7 +136,8 @@ def hidden_mse(student_hidden: Tensor, teacher_hidden: Tensor, mask: Tensor) -> 
 def _row_kl(p_teacher: Tensor, p_student: Tensor, mask: Tensor) -> Tensor:
     """KL(teacher row || student row) averaged over heads and real query tokens.
     p_* (B, H, S, S), rows are distributions over keys; mask (B, S)."""
-    eps = 1e-12
+    p_teacher, p_student = _at_least_float32(p_teacher, p_student)
+    eps = 1e-12  # held by float32 (smallest normal 1.2e-38), not by float16
     kl = p_teacher * (torch.log(p_teacher + eps) - torch.log(p_student + eps))
     kl = kl.sum(-1)  # (B, H, S): one KL per query row
     rows = mask[:, None, :].to(kl.dtype)  # (B, 1, S): real queries only
@@ -153,10 +166,12 @@ def value_relation(values: Tensor, mask: Tensor) -> Tensor:
     """MiniLM's value relation softmax(V V^T / sqrt(d_k)) of each head.
 
     Shapes: values (B, H, S, d_k), the per-head values of a layer's self-attention;
-    mask (B, S) bool. Returns (B, H, S, S); padded keys get weight 0.
+    mask (B, S) bool. Returns (B, H, S, S), at least float32; padded keys get
+    weight 0.
     Source: Wang et al. 2020, section 3.2, equation (7).
     """
     _validation.float_tensor("values", values, 4)
+    (values,) = _at_least_float32(values)
     scores = values @ values.transpose(-2, -1) / math.sqrt(values.shape[-1])
     scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))  # (B,H,S,S)
     return torch.softmax(scores, dim=-1)
@@ -185,22 +200,37 @@ def value_relation_kl(
 
 def pairwise_cosine(embeddings: Tensor) -> Tensor:
     """Cosine similarity of every pair of distinct rows: (N, D) -> (N * (N - 1) / 2,),
-    the upper triangle of the (N, N) similarity matrix, row by row."""
+    the upper triangle of the (N, N) similarity matrix, row by row (float32, or
+    float64 for float64 input)."""
     _validation.float_tensor("embeddings", embeddings, 2)
     if embeddings.dim() != 2 or embeddings.shape[0] < 3:
         raise ValueError(
             f"embeddings: expected (N, D) with N >= 3, got {tuple(embeddings.shape)}"
         )
-    unit = F.normalize(embeddings.float(), dim=-1)
+    (unit,) = _at_least_float32(F.normalize(embeddings, dim=-1))
     sims = unit @ unit.T  # (N, N)
     i, j = torch.triu_indices(len(sims), len(sims), offset=1)
     return sims[i, j]
 
 
-def _ranks(x: Tensor) -> Tensor:
-    ranks = torch.empty_like(x)
-    ranks[x.argsort()] = torch.arange(len(x), dtype=x.dtype, device=x.device)
-    return ranks  # ties are broken by position (cosines of real sentences rarely tie)
+def average_ranks(x: Tensor) -> Tensor:
+    """Ranks 1..n of a 1-d tensor, tied values sharing the mean of their ranks
+    (``scipy.stats.rankdata``'s "average"), so the ranks do not depend on the order
+    of the entries. Shapes: (n,) -> (n,) float64."""
+    sorted_x, order = x.sort()
+    _, group, counts = torch.unique_consecutive(
+        sorted_x, return_inverse=True, return_counts=True
+    )
+    ends = counts.cumsum(0).double()  # last rank of each group of equal values
+    ranks = torch.empty(len(x), dtype=torch.float64, device=x.device)
+    ranks[order] = (ends - (counts - 1) / 2)[group]  # mean of ranks end-c+1 .. end
+    return ranks
+
+
+def _cosines(embeddings: Tensor) -> Tensor:
+    """``pairwise_cosine`` in float64, rounded to 12 decimals: the rounding noise of
+    the matrix product (about 1e-16) must not break ties between equal pairs."""
+    return pairwise_cosine(embeddings.double()).round(decimals=12)
 
 
 def spearman_fidelity(embeddings: Tensor, reference: Tensor) -> float:
@@ -208,21 +238,28 @@ def spearman_fidelity(embeddings: Tensor, reference: Tensor) -> float:
     ``embeddings`` and those of ``reference`` (the full model's) for the same N
     sentences: 1.0 means the same ordering of all pairs, ~0 unrelated.
 
+    Tied cosines get their average rank (as ``scipy.stats.spearmanr``), so the score
+    does not depend on the order the sentences are listed in. A model whose pairs all
+    tie (a collapsed student: every embedding the same) orders nothing and scores 0
+    (where scipy returns NaN). Cosines are computed in float64 and equal to 12
+    decimals count as tied (equal vectors give cosines 1e-16 apart).
+
     Shapes: embeddings (N, D), reference (N, D') with N >= 3 (D may differ).
     Returns a float in [-1, 1].
     Raises ValueError for fewer than 3 sentences or different N.
     Source: the semantic-textual-similarity yardstick of Reimers and Gurevych 2019
-    (section 4.1), here against the teacher instead of human labels.
+    (section 4.1), here against the teacher instead of human labels; Spearman 1904.
     """
     if embeddings.shape[0] != reference.shape[0]:
         raise ValueError(
             f"embeddings: expected N = {reference.shape[0]} rows as reference, "
             f"got {embeddings.shape[0]}"
         )
-    a = _ranks(pairwise_cosine(embeddings).double())
-    b = _ranks(pairwise_cosine(reference).double())
+    a = average_ranks(_cosines(embeddings))
+    b = average_ranks(_cosines(reference))
     a, b = a - a.mean(), b - b.mean()
-    return float((a * b).sum() / (a.norm() * b.norm()))
+    norms = a.norm() * b.norm()
+    return float((a * b).sum() / norms) if norms > 0 else 0.0
 
 
 def nearest_neighbours(embeddings: Tensor) -> Tensor:

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from transformer_course import _validation
 from transformer_course.interop import (
     gguf_reader,
     llama_config_from_gguf,
@@ -108,6 +109,8 @@ def load_minilm_tokenizer():
 
 def tokenize(sentence: str) -> tuple[Tensor, list[str]]:
     """Token ids (1, S) int64 and the S token strings of one sentence, [CLS]/[SEP] added.
+    A sentence of more than 128 tokens is truncated to 128 (the truncation set in the
+    model's ``tokenizer.json``, kept), so S <= 128 fits the 512 learned positions.
 
     Raises:
         TypeError: if ``sentence`` is not a str. ValueError: if it is empty.
@@ -164,6 +167,7 @@ def attention_projections(layer: int) -> dict[str, tuple[Tensor, Tensor]]:
 def tokenize_batch(sentences: list[str]) -> tuple[Tensor, Tensor, list[list[str]]]:
     """Token ids (B, S) int64 padded with [PAD] at the end, the key mask (B, S) bool
     (True = real token, may be attended to) and each sentence's token strings.
+    Each sentence is truncated to 128 tokens, as ``tokenize``.
 
     Raises:
         TypeError: if ``sentences`` is not a list of str. ValueError: if it is empty or
@@ -212,8 +216,8 @@ class MiniLMEncoder(nn.Module):
 
     Raises:
         TypeError: if ``ids`` is not an integer tensor or ``mask`` not a bool one.
-        ValueError: if ``ids`` is not (B, S), longer than 512 positions, or ``mask``
-            has another shape.
+        ValueError: if ``ids`` is not (B, S), longer than 512 positions, holds an id
+            outside the vocabulary, or ``mask`` has another shape.
 
     Source: Devlin et al. 2019 (BERT architecture); Wang et al. 2020 (MiniLM);
     Reimers and Gurevych 2019 (the sentence-transformers fine-tuning).
@@ -242,7 +246,12 @@ class MiniLMEncoder(nn.Module):
 
     def embed(self, ids: Tensor) -> Tensor:
         """BERT's input embeddings: word + position + segment-0, then LayerNorm.
-        ids (B, S) int64 -> (B, S, D) float (no checks: ``forward`` does them)."""
+        ids (B, S) int64 -> (B, S, D) float. Every way into the encoder
+        (``forward``, ``prune.encoder_states``) starts here, so the ids are checked
+        here: a TypeError for non-integer ids, a ValueError naming ``ids`` for a
+        shape other than (B, S), S over the ``max_len`` learned positions (512) or
+        an id outside the vocabulary (not an IndexError from ``nn.Embedding``)."""
+        _validation.token_ids("ids", ids, self.cfg["vocab_size"], self.cfg["max_len"])
         positions = torch.arange(ids.shape[1], device=ids.device)
         x = (
             self.word_embeddings(ids)
@@ -252,27 +261,10 @@ class MiniLMEncoder(nn.Module):
         return self.embed_norm(x)
 
     def forward(self, ids: Tensor, mask: Tensor | None = None) -> EncoderOutput:
-        integer = isinstance(ids, Tensor) and not (
-            ids.dtype.is_floating_point or ids.dtype == torch.bool
-        )
-        if not integer:
-            got = ids.dtype if isinstance(ids, Tensor) else type(ids).__name__
-            raise TypeError(f"ids: expected an integer torch.Tensor, got {got}")
-        if ids.dim() != 2 or ids.shape[1] > self.cfg["max_len"]:
-            raise ValueError(
-                f"ids: expected shape (B, S) with S <= {self.cfg['max_len']}, "
-                f"got {tuple(ids.shape)}"
-            )
+        x = self.embed(ids)  # (B, S, D); checks ids
         if mask is None:
             mask = ids != self.cfg["pad_id"]
-        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-            raise TypeError("mask: expected a bool tensor (B, S), True = real token")
-        if mask.shape != ids.shape:
-            raise ValueError(
-                f"mask: expected shape (B, S) = {tuple(ids.shape)}, "
-                f"got {tuple(mask.shape)}"
-            )
-        x = self.embed(ids)  # (B, S, D)
+        _validation.keep_mask("mask", mask, tuple(ids.shape))
         key_mask = mask[:, None, None, :]  # (B, 1, 1, S): hide padded keys
         hidden, attentions = [x], []
         for layer in self.layers:

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import prune as torch_prune
 
+from transformer_course import _validation
 from transformer_course.distill import mean_pool
 from transformer_course.layers import FeedForward
 
@@ -45,6 +46,14 @@ def _layer_gates(model, head_mask) -> list:
             f"L = {n_layers}, got {shape or f'{len(head_mask)} entries'}"
         )
     return list(head_mask)
+
+
+def _embed(model, ids: Tensor, mask: Tensor) -> Tensor:
+    """``model.embed(ids)`` (which checks the ids: shape, ``max_len``, vocabulary)
+    after the same check of ``mask`` as ``MiniLMEncoder.forward``."""
+    x = model.embed(ids)  # (B, S, D)
+    _validation.keep_mask("mask", mask, tuple(ids.shape))
+    return x
 
 
 def encoder_states(
@@ -66,10 +75,13 @@ def encoder_states(
         The last layer's weights are in ``model.layers[-1].self_attn_weights``.
 
     Raises:
-        ValueError: a head_mask without one entry per layer.
+        TypeError / ValueError: as ``MiniLMEncoder.forward`` (ids not (B, S) integer
+            ids, longer than the model's ``max_len`` positions or outside its
+            vocabulary; a mask that is not bool (B, S)), or a head_mask without one
+            entry per layer.
     """
     gates = _layer_gates(model, head_mask)
-    x = model.embed(ids)  # (B, S, D), as MiniLMEncoder.forward
+    x = _embed(model, ids, mask)  # (B, S, D), as MiniLMEncoder.forward
     key_mask = mask[:, None, None, :]  # (B, 1, 1, S)
     last_input = x
     for layer, gate in zip(model.layers, gates):
@@ -107,6 +119,9 @@ def head_importance(
     Returns:
         (L, H) float32 importance scores, >= 0, on the CPU.
 
+    Raises:
+        ValueError: ``batches`` yields no batch (an empty or already used iterator).
+
     Source: Michel et al. 2019, section 4.1 (with the loss above); Hutchinson-style
     estimate of a squared norm from random projections.
     """
@@ -115,7 +130,9 @@ def head_importance(
     gates = torch.ones(n_layers, n_heads, device=device, requires_grad=True)
     generator = torch.Generator().manual_seed(seed)
     scores = torch.zeros(n_layers, n_heads)
+    n_batches = 0
     for ids, mask in batches:
+        n_batches += 1
         ids, mask = ids.to(device), mask.to(device)
         emb = sentence_embeddings(model, ids, mask, head_mask=gates)  # (B, D)
         for p in range(n_probes):
@@ -124,6 +141,8 @@ def head_importance(
                 (u * emb).sum(), gates, retain_graph=p < n_probes - 1
             )
             scores += grad.detach().cpu() ** 2 / n_probes  # (L, H)
+    if not n_batches:  # all-zero scores would rank every head as unimportant
+        raise ValueError("batches: expected at least one (ids, mask) batch, got none")
     if normalize:
         scores = scores / scores.norm(dim=1, keepdim=True).clamp(min=1e-12)
     return scores
@@ -158,8 +177,8 @@ def head_importance_loo(
     n_layers, n_heads = len(model.layers), model.layers[0].self_attn.n_heads
     device = model.word_embeddings.weight.device
     base = gates_without(list(removed), n_layers, n_heads).to(device)  # (L, H)
+    x = _embed(model, ids, mask)  # (B, S, D)
     key_mask = mask[:, None, None, :]  # (B, 1, 1, S)
-    x = model.embed(ids)  # (B, S, D)
     inputs = []  # the input of every layer under the gates ``base``
     for layer, gate in zip(model.layers, base):
         inputs.append(x)
@@ -216,36 +235,47 @@ def gates_without(heads: list[tuple[int, int]], n_layers: int, n_heads: int) -> 
 
 class OutputBias(nn.Module):
     """What is left of a self-attention whose every head was removed: W^O's bias.
-    Called like ``MultiHeadAttention``; returns (bias broadcast to (B, T, D), None)."""
+    Called like ``MultiHeadAttention``; returns (bias broadcast to (B, T, D), None).
+    ``pruned_heads`` holds all ``n_original`` head indices."""
 
-    def __init__(self, bias: Tensor):
+    def __init__(self, bias: Tensor, n_original: int):
         super().__init__()
         self.bias = nn.Parameter(bias.detach().clone())
-        self.n_heads = 0
+        self.n_heads, self.pruned_heads = 0, set(range(n_original))
 
     def forward(self, query: Tensor, *args, **kwargs) -> tuple[Tensor, None]:
         return self.bias.expand_as(query), None
 
 
 def remove_heads(model, heads: list[tuple[int, int]]):
-    """Remove the heads ``heads`` (pairs (layer, head), indices of the unpruned model)
-    physically, in place: each layer's projections lose those heads' rows and columns
-    (``MultiHeadAttention.prune_heads``); a layer that loses all its heads keeps only
-    W^O's bias (``OutputBias``). Equals gating those heads with 0. Returns ``model``.
+    """Remove the heads ``heads`` (pairs (layer, head), indices of the unpruned model,
+    also after earlier calls) physically, in place: each layer's projections lose
+    those heads' rows and columns (``MultiHeadAttention.prune_heads``); a layer that
+    loses all its heads keeps only W^O's bias (``OutputBias``). A head already removed
+    is ignored, so two calls equal one with both lists (Hugging Face's
+    ``pruned_heads``). Equals gating those heads with 0. Returns ``model``.
+
+    Raises ValueError for a layer or head index outside the unpruned model.
     Source: Michel et al. 2019, section 2.2.
     """
-    by_layer: dict[int, list[int]] = {}
+    by_layer: dict[int, set[int]] = {}
     for layer, head in heads:
-        by_layer.setdefault(layer, []).append(head)
+        by_layer.setdefault(layer, set()).add(head)
     for layer, removed in by_layer.items():
-        attn = model.layers[layer].self_attn
-        if len(set(removed)) == attn.n_heads:
+        attn = model.layers[layer].self_attn if 0 <= layer < len(model.layers) else None
+        n_original = attn.n_heads + len(attn.pruned_heads) if attn else 0
+        if not (attn and removed <= set(range(n_original))):
+            raise ValueError(
+                f"heads: expected (layer, head) indices of the unpruned model, layer in "
+                f"[0, {len(model.layers)}), got layer {layer}, heads {sorted(removed)}"
+            )
+        if removed | attn.pruned_heads != set(range(n_original)):
+            attn.prune_heads(removed)
+        elif attn.n_heads:  # the last heads go: only W^O's bias is left
             bias = attn.out_proj.bias
             if bias is None:
                 bias = torch.zeros(attn.d_model, device=attn.out_proj.weight.device)
-            model.layers[layer].self_attn = OutputBias(bias)
-        else:
-            attn.prune_heads(removed)
+            model.layers[layer].self_attn = OutputBias(bias, n_original)
     return model
 
 

@@ -35,6 +35,7 @@ from torch import nn
 
 from transformer_course.additive import additive_attention
 from transformer_course.data import BOS_ID, EOS_ID
+from transformer_course.training import evaluating
 
 Tensor = torch.Tensor
 
@@ -216,7 +217,6 @@ def greedy_copy(model: nn.Module, src: Tensor, length: int | None = None) -> Ten
     return ys[:, 1:]
 
 
-@torch.no_grad()
 def copy_accuracy(
     model: nn.Module,
     length: int,
@@ -228,18 +228,15 @@ def copy_accuracy(
 ) -> float:
     """Per-token accuracy on fresh copy sequences of one length, with teacher forcing:
     the fraction of positions where the most likely next token is the right one, given
-    the right tokens before it (how the models are trained). Puts ``model`` in eval
-    mode and back.
+    the right tokens before it (how the models are trained). Runs ``model`` in eval
+    mode without gradients, then gives every submodule back the mode it had.
 
     Returns:
         A float in [0, 1]; guessing gives about 1 / (vocab_size - FIRST_SYMBOL).
     """
-    was_training = model.training
-    model.eval()
     src, tgt = copy_batch(
         batch_size, length, vocab_size, generator=generator, device=device
     )
-    with torch.no_grad():  # no graph to build: nothing is trained here
+    with evaluating(model):  # eval mode, no graph; each module's mode given back
         predicted = model(src, tgt[:, :-1]).argmax(-1)  # (B, L)
-    model.train(was_training)
     return (predicted == tgt[:, 1:]).float().mean().item()

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from transformer_course.device import set_seed
+from transformer_course.device import seeded
 from transformer_course.distill import (
     attention_kl,
     cosine_loss,
@@ -38,6 +38,7 @@ from transformer_course.distill import (
 )
 from transformer_course.pretrained import MiniLMEncoder, tokenize_batch
 from transformer_course.prune import encoder_states
+from transformer_course.training import evaluating
 
 Tensor = torch.Tensor
 
@@ -141,7 +142,8 @@ def make_student(teacher, *, n_layers: int = 2, init_from=None, seed: int = 0):
     Args:
         teacher: a ``pretrained.MiniLMEncoder``.
         n_layers: the student's number of layers (>= 1).
-        init_from: None (random layers, seeded by ``seed``) or ``n_layers`` teacher
+        init_from: None (random layers, drawn from a stream seeded by ``seed``;
+            the caller's random state is untouched) or ``n_layers`` teacher
             layer indices to copy, e.g. (0, 5) for the first and last layer
             (DistilBERT initialises from one teacher layer in two).
 
@@ -163,8 +165,8 @@ def make_student(teacher, *, n_layers: int = 2, init_from=None, seed: int = 0):
             f"init_from: expected {n_layers} teacher layer indices in [0, {n_teacher}), "
             f"got {tuple(init_from)}"
         )
-    set_seed(seed)
-    student = MiniLMEncoder({**teacher.cfg, "n_layers": n_layers})
+    with seeded(seed):  # the caller's random stream is left as it was
+        student = MiniLMEncoder({**teacher.cfg, "n_layers": n_layers})
     for name in _EMBEDDINGS:
         part = getattr(student, name)
         part.load_state_dict(getattr(teacher, name).state_dict())
@@ -269,9 +271,8 @@ def train_student(
     student.train()
     while (elapsed := clock() - start) < seconds:
         if elapsed >= next_report:
-            student.eval()
-            report(elapsed, steps)
-            student.train()
+            with evaluating(student):
+                report(elapsed, steps)
             next_report += report_every
         for group in opt.param_groups:
             group["lr"] = lr_at(elapsed / seconds, lr, warmup)

@@ -199,10 +199,15 @@ def fit(
     Returns:
         A ``History``. Training stops early, with ``diverged=True``, when the loss
         becomes NaN or infinite (that step is not applied) or after ``max_skipped``
-        consecutive skipped steps; the model keeps its last finite weights.
+        consecutive skipped steps; the model keeps its last finite weights. The
+        model is left in eval mode (training is over; call ``model.train()`` to
+        continue).
 
     Raises:
-        ValueError: for ``max_steps`` < 1, ``clip_norm`` <= 0 or ``max_skipped`` < 1.
+        ValueError: for ``max_steps`` < 1, ``clip_norm`` <= 0 or ``max_skipped`` < 1,
+            and when a call of ``batches()`` yields no batch (an empty dataset, or a
+            ``lambda`` that returns one generator already used up), which would
+            otherwise loop forever.
     """
     if max_steps < 1:
         raise ValueError(f"max_steps: expected >= 1, got {max_steps}")
@@ -225,7 +230,10 @@ def fit(
 
     model.train()
     skipped_in_a_row = 0
+    passes = 0
     while hist.steps < max_steps and not hist.diverged:
+        passes += 1
+        steps_before = hist.steps
         for batch in batches():
             loss = loss_fn(model, *batch)
             optimizer.zero_grad(set_to_none=True)
@@ -262,6 +270,13 @@ def fit(
             out_of_time = max_seconds and time.perf_counter() - start > max_seconds
             if hist.steps >= max_steps or hist.diverged or out_of_time:
                 break
+        if hist.steps == steps_before:  # an empty pass would repeat forever
+            bar.close()
+            raise ValueError(
+                f"batches: expected every call to yield at least one batch, got none "
+                f"on pass {passes} (an empty dataset, or a function returning an "
+                "already exhausted iterator: return a new generator on each call)"
+            )
         if max_seconds and time.perf_counter() - start > max_seconds:
             break
     bar.close()

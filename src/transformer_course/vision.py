@@ -23,6 +23,7 @@ from torch import nn
 
 from transformer_course.attention import MultiHeadAttention
 from transformer_course.model import Decoder, Encoder, TransformerConfig
+from transformer_course.training import evaluating
 
 Tensor = torch.Tensor
 
@@ -204,8 +205,8 @@ def cross_attention(model: Captioner, images: Tensor, tgt: Tensor) -> Tensor:
     try:
         for m in modules:
             m.backend = "naive"  # the backend that returns the weights
-        model.eval()
-        model(images, tgt)
+        with evaluating(model):  # dropout off, then every module's mode given back
+            model(images, tgt)
     finally:
         for h, m, backend in zip(hooks, modules, backends):
             h.remove()

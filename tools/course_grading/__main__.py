@@ -20,6 +20,20 @@ from course_grading.grade import grade
 from course_grading.sandbox import BACKENDS
 
 
+def _positive(kind: type) -> type:
+    """An argparse type: a number of ``kind`` > 0 (argparse then says "invalid
+    value" in one line, instead of a traceback from deep in the grader)."""
+
+    def parse(text: str):
+        value = kind(text)
+        if not value > 0:
+            raise ValueError(text)
+        return value
+
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Build and grade otter assignments.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -65,23 +79,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     g.add_argument(
         "--timeout",
-        type=float,
+        type=_positive(float),
         default=600,
         help="seconds for one submission's otter run (and for its re-check)",
     )
     g.add_argument(
         "--call-timeout",
-        type=float,
+        type=_positive(float),
         default=60,
         help="seconds for one call of a learner's function in the re-check",
     )
     g.add_argument(
         "--memory",
-        type=int,
+        type=_positive(int),
         default=4096,
         help="MiB of address space for each process of the learner's code",
     )
-    g.add_argument("--jobs", type=int, default=1, help="submissions graded at once")
+    g.add_argument(
+        "--jobs", type=_positive(int), default=1, help="submissions graded at once"
+    )
     args = parser.parse_args(argv)
     return assign(args) if args.command == "assign" else grade(args)
 

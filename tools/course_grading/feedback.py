@@ -1,4 +1,10 @@
-"""Flags for the instructor and the feedback file of one graded submission."""
+"""Flags for the instructor and the feedback file of one graded submission.
+
+Two readers, two files: ``feedback(result, spec)`` is feedback/<student>.md, written for
+the student and safe to forward as it is (scores, the checks' messages, the cells that
+raised; never how a submission was caught, nor the grader's own paths); ``flags_report``
+is flags.md, for the instructor only (every flag of every submission, what happened).
+"""
 
 from __future__ import annotations
 
@@ -17,8 +23,15 @@ def flags(result: dict, spec: dict) -> list[str]:
                 f"blocked by the sandbox or a limit: code cell {err['cell']}: "
                 f"{err['type']}: {err['message']}"[:300]
             )
-    for cmd in setup.get("stray", []):
-        notes.append(f"left a process running after its cells: {cmd}"[:300])
+    for what in setup.get("stray", []):
+        notes.append(f"left a process running after its cells: {what}"[:300])
+    written = setup.get("home_writes", [])
+    if written:
+        notes.append(
+            f"wrote {len(written)} file(s) into ~ ({', '.join(written[:5])}): inside "
+            "the sandbox ~ is a scratch folder, deleted after grading; your own home "
+            "was not touched"[:300]
+        )
     for q in spec["questions"]:
         name = q["name"]
         otter = result["otter"].get(name, 0.0)
@@ -77,10 +90,27 @@ def feedback(result: dict, spec: dict) -> str:
             for out in result["otter_tests"][name]:
                 if out.strip():
                     lines += ["otter:", "```", out.strip(), "```", ""]
-    if result["flags"]:
-        lines += ["## Flags for the instructor", ""] + [
-            f"- {f}" for f in result["flags"]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def flags_report(results: list[dict], specs: dict, warnings: list[str]) -> str:
+    """flags.md: for the instructor only, each flagged submission with its flags (the
+    grades.csv "flags" column in full), then the run's warnings."""
+    lines = ["# Flags for the instructor (do not forward to students)", ""]
+    lines += [f"**Warning:** {w}" for w in warnings] + ([""] if warnings else [])
+    flagged = [r for r in results if r["flags"]]
+    if not flagged:
+        lines += ["No submission was flagged."]
+    for r in flagged:
+        spec = specs[r["assignment"]]
+        possible = sum(float(q["points"]) for q in spec["questions"])
+        total = sum(r["scores"].values())
+        lines += [
+            f"## {r['student']} ({r['assignment']}): {total:g} / {possible:g}",
+            "",
+            *[f"- {f}" for f in r["flags"]],
+            "",
         ]
-    if result["sandbox"] == "none":
-        lines += ["", "_Graded without a sandbox (--sandbox none)._"]
-    return "\n".join(lines) + "\n"
+        if r["sandbox"] == "none":
+            lines += ["_Graded without a sandbox (--sandbox none)._", ""]
+    return "\n".join(lines).rstrip() + "\n"

@@ -4,8 +4,9 @@ in the sandbox (``course_grading.sandbox``); a question scores when both pass it
 For every submission (SUBMISSIONS/<student>.ipynb, SUBMISSIONS/<student>/*.ipynb, or the
 zip that the notebook's ``grader.export()`` writes, either way) in its own temporary folder
 with a fresh copy of the autograder zip: `otter run` under a time limit, then the re-check.
-Writes grades.csv, otter_grades.csv, feedback/<student>.md, results.json and warnings.txt
-into the results folder; every file that is not graded gets a row with the reason.
+Writes grades.csv, otter_grades.csv, feedback/<student>.md (for the student, to send as
+it is), flags.md (for the instructor only), results.json and warnings.txt into the results
+folder; every file that is not graded gets a row with the reason.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from course_grading.feedback import feedback, flags
+from course_grading.feedback import feedback, flags, flags_report
 from course_grading.sandbox import Sandbox, SandboxUnavailable, choose
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,9 +61,11 @@ def _assignment_name(data: bytes) -> str | None:
 
 def find_submissions(folder: Path) -> tuple[list[tuple[str, Path, bytes]], list[tuple]]:
     """([(student, file, notebook bytes)], [(student, file, reason skipped)]):
-    SUBMISSIONS/<student>.ipynb|.zip or SUBMISSIONS/<student>/<one notebook or zip>."""
+    SUBMISSIONS/<student>.ipynb|.zip or SUBMISSIONS/<student>/<one notebook or zip>;
+    SUBMISSIONS may also be one notebook or zip (a single regrade)."""
     found, skipped = [], []
-    for p in sorted(folder.iterdir()):
+    entries = [folder] if folder.is_file() else sorted(folder.iterdir())
+    for p in entries:
         if p.name.startswith("."):
             continue
         files = (
@@ -244,14 +247,35 @@ def _load_assignments(root: Path) -> tuple[dict, dict]:
     return specs, zips
 
 
+def submissions_problem(folder: Path) -> str:
+    """Why SUBMISSIONS cannot be read (one line), or "" when it can."""
+    if not folder.exists():
+        return f"SUBMISSIONS: {folder} does not exist (expected a folder of notebooks)"
+    if folder.is_file() and folder.suffix not in (".ipynb", ".zip"):
+        return (
+            f"SUBMISSIONS: {folder} is a file but not a notebook (.ipynb) or the zip "
+            "of grader.export(); expected a folder of them, or one of them"
+        )
+    if folder.is_dir():
+        try:
+            next(folder.iterdir(), None)
+        except OSError as err:
+            return f"SUBMISSIONS: cannot read {folder}: {err.strerror}"
+    return ""
+
+
 def grade(args: argparse.Namespace) -> int:
     import transformer_course
 
-    folder = Path(args.submissions).resolve()
+    folder = Path(args.submissions).expanduser().resolve()
     root = Path(args.assignments).resolve()
     out = Path(
         args.out or ROOT / "dist" / "grades" / time.strftime("%Y%m%d-%H%M%S")
     ).resolve()
+    problem = submissions_problem(folder)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     try:
         backend = choose(args.sandbox)
     except SandboxUnavailable as err:
@@ -289,7 +313,17 @@ def grade(args: argparse.Namespace) -> int:
     for student, path, why in skipped:
         print(f"skipped {path}: {why}", file=sys.stderr)
     if not jobs:
-        print(f"no submissions to grade in {folder}", file=sys.stderr)
+        if skipped:  # every file gets its row, also when none could be graded
+            write_results(out, [], skipped, specs, [])
+        print(
+            f"no submissions to grade in {folder}"
+            + (
+                f" ({len(skipped)} skipped, one row each in {out / 'grades.csv'})"
+                if skipped
+                else ""
+            ),
+            file=sys.stderr,
+        )
         return 1
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
@@ -393,6 +427,7 @@ def write_results(
         (out / "feedback" / f"{r['student']}.md").write_text(
             feedback(r, specs[r["assignment"]])
         )
+    (out / "flags.md").write_text(flags_report(results, specs, warnings))
     (out / "results.json").write_text(
         json.dumps(
             {

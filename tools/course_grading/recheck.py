@@ -17,6 +17,7 @@ prints ``{question: {"score", "max_score", "message"}, "_setup": {...}}`` as JSO
 from __future__ import annotations
 
 import ast
+import builtins
 import contextlib
 import difflib
 import importlib
@@ -34,8 +35,9 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from course_grading.sandbox import Sandbox
+from course_grading.sandbox import HOME, Sandbox
 from course_grading.wire import recv, send, tensors
+from transformer_course.exercises._common import hide_frames
 
 # Where the exercise checks live; the first that has the check wins.
 CHECK_MODULES = ("transformer_course.exercises",)
@@ -170,16 +172,68 @@ def _cmdline(pid: int) -> str:
                 f.read().replace(b"\0", b" ").decode("utf-8", "replace").split()
             )
     except OSError:
-        return "?"
+        return ""
+
+
+_STATES = {"Z": "exited, not yet reaped (a zombie)", "S": "sleeping", "R": "running"}
+
+
+def describe_process(pid: int) -> str:
+    """What a process left behind is, in words that never come out empty: its pid and
+    state, then its command line or (a zombie has none) its name."""
+    cmd = _cmdline(pid)
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        state = stat[stat.rindex(")") + 2 :].split()[0]
+    except (OSError, ValueError, IndexError):
+        return cmd or f"pid {pid}, which exited before it could be described"
+    what = f"pid {pid}, {_STATES.get(state, f'state {state}')}"
+    return f"{what}: {cmd}" if cmd else f"{what}: {name} (its command line is gone)"
+
+
+def _worker_pid(root: int) -> int:
+    """The worker's pid: ``root`` itself, or the first process under it (under bwrap)
+    that runs ``course_grading.worker`` (bwrap's own processes excluded). Any other
+    process with that command line is a ``fork`` of it by the notebook."""
+    for pid in [root, *_children(root)]:
+        cmd = _cmdline(pid)  # bwrap's own command line names the worker too
+        if "course_grading.worker" in cmd and not cmd.startswith("bwrap"):
+            return pid
+    return root
+
+
+def home_writes(home: Path) -> list[str]:
+    """Files the learner's code wrote into ~ (the sandbox's scratch home), as ~/...;
+    caches of libraries (~/.cache) are not counted."""
+    return [
+        "~/" + str(p.relative_to(home))
+        for p in sorted(home.rglob("*"))
+        if p.is_file() and p.relative_to(home).parts[0] != ".cache"
+    ]
+
+
+def _builtin_error(name: str, message: str) -> Exception | None:
+    """The built-in exception ``name`` with ``message`` (None for any other name, or
+    one whose constructor takes other arguments)."""
+    kind = getattr(builtins, name, None)
+    if not (isinstance(kind, type) and issubclass(kind, Exception)):
+        return None
+    try:
+        return kind(message)
+    except Exception:  # noqa: BLE001 (e.g. UnicodeDecodeError needs five arguments)
+        return None
 
 
 class RemoteFunctions:
     """The learner's notebook running in a worker process inside ``sandbox``.
 
     ``remote.function(name)`` returns a local callable that forwards its arguments to the
-    worker; exceptions come back as ``NotImplementedError`` (so checks report "not
-    attempted yet") or ``WorkerError``. Raises ``TimeoutError`` when a call takes longer
-    than ``call_timeout`` seconds (the worker is then killed).
+    worker; exceptions come back as the built-in exception the learner's code raised
+    (``NotImplementedError``: checks report "not attempted yet") or ``WorkerError``.
+    Raises ``TimeoutError`` when a call takes longer than ``call_timeout`` seconds (the
+    worker is then killed).
     """
 
     def __init__(
@@ -195,6 +249,7 @@ class RemoteFunctions:
         self.proc: subprocess.Popen | None = None
         self.setup_errors: list[dict] = []
         self.stray: list[str] = []  # processes the notebook left running
+        self.home_writes: list[str] = []  # files it wrote into ~ (a scratch folder)
 
     def start(self) -> None:
         # inside the caller's folder, so a re-check killed at its time limit leaves nothing
@@ -213,11 +268,13 @@ class RemoteFunctions:
         self.setup_errors = self.request(
             {"op": "exec", "cells": self.cells}, timeout=self.setup_timeout
         )
-        self.stray += [
-            c
-            for c in map(_cmdline, _children(self.proc.pid))
-            if "course_grading.worker" not in c and not c.startswith("bwrap")
+        worker = _worker_pid(self.proc.pid)
+        self.stray += [  # all but the worker and bwrap's own (a forked worker counts)
+            describe_process(p)
+            for p in _children(self.proc.pid)
+            if p != worker and not _cmdline(p).startswith("bwrap")
         ]
+        self.home_writes = home_writes(cwd / HOME)
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -254,6 +311,9 @@ class RemoteFunctions:
             return reply["result"]
         if reply.get("error") == "NotImplementedError":
             raise NotImplementedError(reply.get("message", ""))
+        err = _builtin_error(str(reply.get("error")), str(reply.get("message", "")))
+        if err is not None:
+            raise err  # as the learner's own process would
         raise WorkerError(f"{reply.get('error')}: {reply.get('message')}")
 
     def function(self, name: str) -> Callable:
@@ -363,6 +423,7 @@ def recheck(
         "message": setup,
         "errors": remote.setup_errors,
         "stray": remote.stray,
+        "home_writes": remote.home_writes,
     }
     return results
 
@@ -376,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     notebook = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
     sandbox = Sandbox.from_json(Path(argv[2]).read_text(encoding="utf-8"))
     timeout = float(argv[3]) if len(argv) > 3 else 30.0
+    hide_frames()  # the learner's frames are in the worker; here only the grader's
     print(json.dumps(recheck(spec, notebook, sandbox, call_timeout=timeout)))
     return 0
 

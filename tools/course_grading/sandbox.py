@@ -25,6 +25,7 @@ from pathlib import Path
 
 BACKENDS = ("auto", "bwrap", "none")
 LIB_MOUNT = "/tmp/.course-lib"  # where the library and these tools appear inside
+HOME = "home"  # ~ inside: an empty scratch folder in the working folder (writes are flagged)
 INSTALL_HINT = (
     "install bubblewrap (Debian/Ubuntu: `sudo apt-get install bubblewrap`, "
     "Fedora: `sudo dnf install bubblewrap`), or pass `--sandbox none` to grade "
@@ -111,7 +112,9 @@ class Sandbox:
         return cls(**json.loads(text))
 
     def env(self, work: Path) -> dict[str, str]:
-        """A clean environment: nothing of the instructor's variables but PATH/locale."""
+        """A clean environment: nothing of the instructor's variables but PATH/locale;
+        HOME is ``work/home``, empty (so what the learner's code writes to ~ is seen and
+        flagged, and never reaches the instructor's home)."""
         packages = _packages()
         pythonpath = (
             LIB_MOUNT
@@ -124,7 +127,7 @@ class Sandbox:
             if k in ("PATH", "LANG", "LC_ALL", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
         }
         env.update(
-            HOME=str(work),
+            HOME=str(work / HOME),
             TMPDIR=str(work / ".tmp"),
             MPLCONFIGDIR=str(work / ".mpl"),
             PYTHONPATH=pythonpath,
@@ -132,6 +135,7 @@ class Sandbox:
             MPLBACKEND="Agg",
         )
         (work / ".tmp").mkdir(exist_ok=True)
+        (work / HOME).mkdir(exist_ok=True)
         return env
 
     def command(self, cmd: list[str], work: Path) -> list[str]:

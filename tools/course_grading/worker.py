@@ -20,6 +20,9 @@ import torch
 
 from course_grading.wire import detach, recv, send, tensors
 
+# What an exception raised without a message means, so no flag ends at its colon.
+_SILENT = {MemoryError: "out of memory (the grader's --memory limit per process)"}
+
 
 def _exec_cells(cells: list, namespace: dict) -> list[dict]:
     errors = []
@@ -31,7 +34,7 @@ def _exec_cells(cells: list, namespace: dict) -> list[dict]:
                 {
                     "cell": number,
                     "type": type(err).__name__,
-                    "message": str(err),
+                    "message": str(err) or _SILENT.get(type(err), "(no message)"),
                     "denied": isinstance(err, (OSError, MemoryError)),
                 }
             )

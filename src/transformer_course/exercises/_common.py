@@ -105,17 +105,40 @@ def _is_learners(filename: str) -> bool:
     )
 
 
+_FRAMES = {"shown": True}  # False in the grader's re-check (``hide_frames``)
+
+
+def hide_frames() -> None:
+    """Crash reports in this process show no traceback frames. For the grader's
+    isolated re-check, where the learner's function runs in another process: the only
+    frames here are the grader's own proxy (and its paths), which a student's feedback
+    must not show."""
+    _FRAMES["shown"] = False
+
+
 def _report_crash(fn, err: Exception) -> None:
     """Print the error, the learner's own frames (the last 3) and, when the error was
     raised deeper, inside PyTorch or the library, where that was."""
     frames = [
         f
         for f in traceback.extract_tb(err.__traceback__)
-        if not os.path.abspath(f.filename).startswith(_PACKAGE)
+        if _FRAMES["shown"] and not os.path.abspath(f.filename).startswith(_PACKAGE)
     ]
     own = [i for i, f in enumerate(frames) if _is_learners(f.filename)]
     name = getattr(fn, "__name__", "your function")
     print(f"✗ {name} raised {type(err).__name__}: {err}")
+    if not frames:  # the grader's re-check: its own frames are not the learner's
+        if isinstance(err, NameError):
+            print(
+                "Hint: check the spelling of every name, and that the cell defining it "
+                "ran (the function must keep the name the exercise gives it)."
+            )
+        else:
+            print(
+                "Hint: run this exercise's check in your notebook: it shows the line of "
+                "your code that raised."
+            )
+        return
     if not own:  # a library function given as the answer, or the grader's proxy
         shown = [
             f for f in frames if f"{os.sep}course_grading{os.sep}" not in f.filename

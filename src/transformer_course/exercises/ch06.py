@@ -211,6 +211,7 @@ def check_teacher_forcing_loss(fn: Callable[..., Tensor]) -> bool:
             direction, the given criterion ignored, a call to the library's
             ``translation_loss``, or a different value.
     """
+    from transformer_course.device import seeded
     from transformer_course.model import TransformerConfig, make_model
 
     fn = own_code(fn, translation_loss)
@@ -225,8 +226,8 @@ def check_teacher_forcing_loss(fn: Callable[..., Tensor]) -> bool:
         dropout=0.0,
         max_len=10,
     )
-    torch.manual_seed(7)
-    model = make_model(cfg).eval()
+    with seeded(7):  # the learner's random stream is left as it was
+        model = make_model(cfg).eval()
     src = torch.randint(4, 12, (3, 5), generator=gen)
     tgt = torch.cat(
         [
