@@ -131,11 +131,19 @@ def test_p12_missing_scale():
 
 
 def stable_softmax(scores, mask=None, dim=-1):
-    return masked_softmax(scores, mask, dim)
+    """A right answer written out: the checks refuse a call into the library."""
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    top = scores.amax(dim, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    e = (scores - top).exp()
+    total = e.sum(dim, keepdim=True)
+    return e / torch.where(total > 0, total, torch.ones_like(total))
 
 
 def attention_ok(q, k, v, mask=None):
-    return scaled_dot_product_attention(q, k, v, mask)
+    weights = stable_softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), mask)
+    return weights @ v, weights
 
 
 def stub(*args):

@@ -299,33 +299,6 @@ def test_alibi_errors():
 # ------------------------------------------------------------- the chapter's checks
 
 
-def _halves_table(max_len, d):
-    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
-    ang = pos * 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    return torch.cat((ang.sin(), ang.cos()), -1)[:, :d]
-
-
-def _crashes_on_odd(max_len, d):
-    pe = torch.zeros(max_len, d)
-    ang = torch.arange(max_len)[:, None] * 10000.0 ** (-torch.arange(0, d, 2) / d)
-    pe[:, 0::2], pe[:, 1::2] = ang.sin(), ang.cos()  # shape error when d is odd (P15)
-    return pe
-
-
-@param(
-    "fn, message",
-    [
-        (_crashes_on_odd, "odd d_model"),
-        (_halves_table, "first half"),
-        (lambda n, d: sinusoidal_encoding(n, d)[:, torch.arange(d) ^ 1], "swapped"),
-    ],
-)
-def test_check_sinusoidal_encoding(fn, message):
-    assert exercises.check_sinusoidal_encoding(lambda n, d: sinusoidal_encoding(n, d))
-    with pytest.raises(exercises.CheckError, match=message):
-        exercises.check_sinusoidal_encoding.strict(fn)
-
-
 def test_check_sinusoidal_encoding_stub_is_not_attempted(capsys):
     def stub(max_len, d_model):
         raise NotImplementedError("your code here")
@@ -334,47 +307,6 @@ def test_check_sinusoidal_encoding_stub_is_not_attempted(capsys):
         exercises.check_sinusoidal_encoding(stub) is False
     )  # NotImplementedError is a
     assert "not attempted yet" in capsys.readouterr().out  # RuntimeError: not a crash
-
-
-@param(
-    "fn, message",
-    [
-        (lambda x, p: apply_rotary(x, p, layout="interleaved"), "interleaved"),
-        (lambda x, p: apply_rotary(x, -p), "backwards"),
-        (lambda x, p: apply_rotary(x, p) * 1.5, "norm"),
-    ],
-)
-def test_check_rotary_half(fn, message):
-    assert exercises.check_rotary_half(lambda x, p: apply_rotary(x, p))
-    with pytest.raises(exercises.CheckError, match=message):
-        exercises.check_rotary_half.strict(fn)
-
-
-@param(
-    "fn, message",
-    [
-        (lambda keep, n: torch.arange(n).expand(keep.shape[0], n), "P16"),
-        (
-            lambda keep, n: torch.arange(keep.shape[1] - n, keep.shape[1]).expand(
-                keep.shape[0], n
-            ),
-            "padding was counted",
-        ),
-    ],
-)
-def test_check_new_token_positions(fn, message, capsys):
-    def right(keep, n):
-        return position_ids(n, offset=keep.shape[1] - n, keep=keep)
-
-    assert exercises.check_new_token_positions(right)
-    with pytest.raises(exercises.CheckError, match=message):
-        exercises.check_new_token_positions.strict(fn)
-
-    def stub(keep, n):
-        raise NotImplementedError
-
-    assert exercises.check_new_token_positions(stub) is False
-    assert "not attempted yet" in capsys.readouterr().out
 
 
 @settings(max_examples=40, deadline=None)
