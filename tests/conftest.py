@@ -52,8 +52,11 @@ def pytest_collection_modifyitems(config, items):
     """Mark every test with its folder's tier (``-m lib``, ``-m "not slow"``, ...)."""
     for item in items:
         tier = tier_of(item.path)
-        if tier is not None:
-            item.add_marker(getattr(pytest.mark, tier))
+        if tier is None:
+            raise pytest.UsageError(
+                f"{item.nodeid}: tests live in one of tests/{{{','.join(TIERS)}}}/"
+            )
+        item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture(autouse=True)

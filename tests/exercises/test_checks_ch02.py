@@ -1,0 +1,126 @@
+"""Chapter 2 points: scaling, stable softmax, masks, dropout, the library against
+PyTorch's SDPA, pitfalls P11 and P12, and the chapter's exercise checks."""
+
+import math
+
+import pytest
+import torch
+
+from transformer_course.exercises import (
+    CheckError,
+    check_masked_attention,
+    check_stable_softmax,
+)
+
+param = pytest.mark.parametrize
+
+
+def stable_softmax(scores, mask=None, dim=-1):
+    """A right answer written out: the checks refuse a call into the library."""
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    top = scores.amax(dim, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    e = (scores - top).exp()
+    total = e.sum(dim, keepdim=True)
+    return e / torch.where(total > 0, total, torch.ones_like(total))
+
+
+def attention_ok(q, k, v, mask=None):
+    weights = stable_softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), mask)
+    return weights @ v, weights
+
+
+def stub(*args):
+    raise NotImplementedError("your code here")
+
+
+def _softmax_naive(scores, mask=None, dim=-1):
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    e = torch.exp(scores)
+    return e / e.sum(dim, keepdim=True)
+
+
+def _softmax_shifted_nan(scores, mask=None, dim=-1):
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim)
+
+
+def _softmax_big_negative(scores, mask=None, dim=-1):
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -1e9)
+    return torch.softmax(scores, dim)
+
+
+def _softmax_dim0(scores, mask=None, dim=-1):
+    return torch.softmax(scores, 0)
+
+
+def _att(scale=True, dim=-1, invert=False, guard=True):
+    def fn(q, k, v, mask=None):
+        s = q @ k.transpose(-2, -1)
+        if scale:
+            s = s / math.sqrt(q.shape[-1])
+        if mask is not None:
+            s = s.masked_fill(mask if invert else ~mask, float("-inf"))
+        w = torch.softmax(s, dim=dim)
+        if guard:
+            w = torch.nan_to_num(w)
+        return w @ v, w
+
+    return fn
+
+
+def test_checks_accept_right_answers(capsys):
+    assert check_stable_softmax(stable_softmax) is True
+    assert check_masked_attention(attention_ok) is True
+    assert capsys.readouterr().out.count("passed") == 2
+
+
+def test_checks_say_not_attempted(capsys):
+    assert check_stable_softmax(stub) is False
+    assert check_masked_attention(stub) is False
+    assert capsys.readouterr().out.count("not attempted yet") == 2
+
+
+@param(
+    "fn, words",
+    [
+        (_softmax_naive, "overflowed"),
+        (_softmax_shifted_nan, "NaN"),
+        (_softmax_big_negative, "P6"),
+        (_softmax_dim0, "last axis"),
+    ],
+)
+def test_stable_softmax_check_rejects(fn, words):
+    with pytest.raises(CheckError, match=words):
+        check_stable_softmax.strict(fn)
+
+
+@param(
+    "fn, words",
+    [
+        (_att(scale=False), "P12"),
+        (_att(dim=0), "P11"),
+        (_att(dim=1), "P11"),
+        (_att(invert=True), "inverted"),
+        (_att(guard=False), "P1"),
+    ],
+)
+def test_masked_attention_check_rejects(fn, words):
+    with pytest.raises(CheckError, match=words):
+        check_masked_attention.strict(fn)
+
+
+def test_chapter_2_find_the_bug_code_is_rejected():
+    def attention_buggy(q, k, v, mask=None):  # as printed in the exercise
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if mask is not None:
+            scores = scores.masked_fill(mask, float("-inf"))
+        weights = torch.softmax(scores, dim=0)
+        return weights @ v, weights
+
+    with pytest.raises(CheckError, match="P11"):
+        check_masked_attention.strict(attention_buggy)

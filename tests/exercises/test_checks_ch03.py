@@ -1,0 +1,79 @@
+"""MultiHeadAttention: parity with torch.nn.MultiheadAttention (copied weights) and the
+head pitfalls P2, P3, P8, P9, P10, P13, P14 from ../shared/cases/PITFALLS.md."""
+
+import pytest
+
+from transformer_course.exercises import pitfalls
+
+param = pytest.mark.parametrize
+
+
+D, H = 16, 4
+
+
+def split_ok(x, n_heads):
+    B, T, D = x.shape
+    return x.view(B, T, n_heads, D // n_heads).transpose(1, 2)
+
+
+split_p8 = pitfalls.split_heads_view_only
+
+
+def merge_ok(heads):
+    B, H, T, d = heads.shape
+    return heads.transpose(1, 2).reshape(B, T, H * d)
+
+
+merge_p9 = pitfalls.merge_heads_no_transpose
+
+
+def mha_ok(query, key, value, w_q, w_k, w_v, w_o, n_heads, mask=None):
+    from transformer_course.attention import scaled_dot_product_attention
+
+    q, k, v = (
+        split_ok(x @ w.T, n_heads) for x, w in ((query, w_q), (key, w_k), (value, w_v))
+    )
+    out, weights = scaled_dot_product_attention(q, k, v, mask)
+    return merge_ok(out) @ w_o.T, weights
+
+
+mha_averaged = pitfalls.multi_head_averaged_weights
+
+
+mha_p9 = pitfalls.multi_head_merge_no_transpose
+
+
+def test_ch3_checks_accept_right_answers_and_skip_stubs(capsys):
+    from transformer_course.exercises import (
+        check_merge_heads,
+        check_multi_head_attention,
+        check_split_heads,
+    )
+
+    def stub(*args):
+        raise NotImplementedError("your code here")
+
+    assert check_split_heads(split_ok) and check_merge_heads(merge_ok)
+    assert check_multi_head_attention(mha_ok)
+    assert not any(
+        c(stub)
+        for c in (check_split_heads, check_merge_heads, check_multi_head_attention)
+    )
+    out = capsys.readouterr().out
+    assert out.count("passed") == 3 and out.count("not attempted yet") == 3
+
+
+@param(
+    "check_name, fn, words",
+    [
+        ("check_split_heads", split_p8, "P8"),
+        ("check_merge_heads", merge_p9, "P9"),
+        ("check_multi_head_attention", mha_averaged, "P13"),
+        ("check_multi_head_attention", mha_p9, "P9"),
+    ],
+)
+def test_ch3_checks_reject_the_pitfalls(check_name, fn, words):
+    from transformer_course import exercises
+
+    with pytest.raises(exercises.CheckError, match=words):
+        getattr(exercises, check_name).strict(fn)

@@ -1,0 +1,142 @@
+"""The built site (_build/html): every chapter page exists, links to its notebook in
+Colab, embeds its animations and interactive views, has no empty output and loads
+nothing from another host."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from bs4 import BeautifulSoup
+
+pytestmark = pytest.mark.site
+
+ROOT = Path(__file__).resolve().parents[2]
+CHAPTERS = sorted(re.findall(r"file: book/(\d\d_\w+)", (ROOT / "_toc.yml").read_text()))
+PAGES = ["intro", "references", *CHAPTERS]
+
+
+def page(site: Path, name: str) -> BeautifulSoup:
+    path = site / "book" / f"{name}.html"
+    assert path.exists(), f"{path} was not built"
+    return BeautifulSoup(path.read_text(), "html.parser")
+
+
+def outputs(soup: BeautifulSoup):
+    return soup.select("div.cell_output")
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_page_is_built_with_a_title(site, name):
+    soup = page(site, name)
+    assert soup.find("h1"), f"{name} has no title"
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_colab_link_points_at_the_generated_notebook(site, name):
+    repo = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
+    owner_repo = repo["url"].removeprefix("https://github.com/")
+    expected = (
+        f"https://colab.research.google.com/github/{owner_repo}/blob/"
+        f"{repo['branch']}/notebooks/{name}.ipynb"
+    )
+    hrefs = [a["href"] for a in page(site, name).find_all("a", href=True)]
+    assert expected in hrefs
+    assert (ROOT / "notebooks" / f"{name}.ipynb").exists()
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_no_launch_link_points_at_markdown(site, name):
+    for a in page(site, name).find_all("a", href=True):
+        if "colab" in a["href"] or "binder" in a["href"]:
+            assert not a["href"].endswith(".md"), a["href"]
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_no_empty_output_area(site, name):
+    for out in outputs(page(site, name)):
+        has_media = out.find(["img", "svg", "iframe", "video"]) is not None
+        assert out.get_text(strip=True) or has_media, f"empty output in {name}: {out}"[
+            :300
+        ]
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_no_unrendered_widgets(site, name):
+    html = (site / "book" / f"{name}.html").read_text()
+    assert "application/vnd.jupyter.widget-view+json" not in html, (
+        "a live ipywidget reached the static site; use viz.interactive.interactive"
+    )
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_each_animation_is_one_html_output_without_stray_image(site, name):
+    soup = page(site, name)
+    animated = [c for c in soup.select("div.cell") if c.select_one("input.anim-slider")]
+    if name == "01_qkv":
+        assert animated, "chapter 1 must embed its animation"
+    for cell in animated:
+        outs = cell.select("div.cell_output > div.output")
+        assert len(outs) == 1, f"{name}: an animation cell has {len(outs)} outputs"
+        stray = [
+            img
+            for img in cell.select("div.cell_output img")
+            if "_images/" in img.get("src", "")
+        ]
+        assert not stray, f"{name}: a stray still frame beside the animation"
+        assert "font-awesome" not in str(cell) and "bootstrapcdn" not in str(cell)
+
+
+def test_chapter_1_has_its_interactive_view_and_figure(site):
+    soup = page(site, "01_qkv")
+    view = soup.select_one("div.tc-interactive")
+    assert view is not None and view.select("[data-control]")
+    assert view.select_one("img.tc-frame")["alt"]
+    assert soup.select("div.cell_output img"), "no figure"
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_nothing_is_loaded_from_another_host(site, name):
+    soup = page(site, name)
+    for tag, attr in (
+        ("script", "src"),
+        ("link", "href"),
+        ("img", "src"),
+        ("iframe", "src"),
+    ):
+        for el in soup.find_all(tag):
+            url = el.get(attr)
+            if not url or (
+                tag == "link"
+                and "stylesheet" not in el.get("rel", [])
+                and "preload" not in el.get("rel", [])
+            ):
+                continue
+            assert not re.match(r"^(https?:)?//", url), f"{name}: <{tag}> loads {url}"
+
+
+def test_mathjax_is_served_by_the_site(site):
+    soup = page(site, "01_qkv")
+    srcs = [s.get("src", "") for s in soup.find_all("script")]
+    assert any("vendor/mathjax/tex-svg.js" in s for s in srcs)
+    assert (
+        site / "_static" / "vendor" / "mathjax" / "tex-svg.js"
+    ).stat().st_size > 1_000_000
+
+
+def test_solutions_start_hidden(site):
+    soup = page(site, "01_qkv")
+    solutions = soup.select("div.solution")
+    assert len(solutions) >= 3
+    for sol in solutions:
+        assert "dropdown" in sol.get("class", []), "solutions must start collapsed"
+
+
+def test_citations_resolve(site):
+    soup = page(site, "01_qkv")
+    cites = soup.select("a[href*='#id']") + soup.select("span.citation")
+    text = soup.get_text()
+    assert "Vaswani" in text and "Bahdanau" in text
+    assert cites or soup.select("div.citation"), "no resolved citation"

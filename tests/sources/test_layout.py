@@ -1,0 +1,78 @@
+"""The test folders say what a test needs (tests/conftest.py marks each test with its
+folder): library tests one file per library module, named for it; the learners'
+self-checks one file per chapter. A file named for a chapter or for a module that no
+longer exists (a drawer of unrelated tests) is rejected here."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = ROOT / "tests"
+PACKAGE = ROOT / "src" / "transformer_course"
+TIERS = ("lib", "exercises", "sources", "slow", "site")
+CHAPTERS = sorted(p.stem for p in (ROOT / "book").glob("[0-9][0-9]_*.md"))
+
+
+def library_modules() -> set[str]:
+    """Modules and sub-packages of the library, without private ones; "package" for
+    the rules every module follows (what importing it loads)."""
+    names = {p.stem for p in PACKAGE.glob("*.py") if not p.stem.startswith("_")}
+    names |= {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    return names | {"package"}
+
+
+def lib_file_problem(name: str, modules: set[str]) -> str | None:
+    match = re.fullmatch(r"test_(\w+)\.py", name)
+    if match is None or match.group(1) not in modules:
+        return (
+            f"tests/lib/{name}: expected test_<module>.py for a module of the library"
+        )
+    return None
+
+
+def exercise_file_problem(name: str, chapters: list[str]) -> str | None:
+    if name == "test_messages.py":  # the rules every chapter's messages follow
+        return None
+    match = re.fullmatch(r"test_checks_ch(\d\d)\.py", name)
+    if match is None or not any(c.startswith(match.group(1) + "_") for c in chapters):
+        return f"tests/exercises/{name}: expected test_checks_chNN.py for a chapter NN"
+    return None
+
+
+def test_every_test_file_is_in_a_tier_folder():
+    stray = sorted(p.name for p in TESTS.glob("test_*.py"))
+    assert not stray, f"tests/ holds test files outside the tier folders: {stray}"
+    folders = sorted(p.name for p in TESTS.iterdir() if p.is_dir() and p.name in TIERS)
+    assert folders == sorted(TIERS)
+
+
+def test_library_tests_are_named_for_a_module():
+    modules = library_modules()
+    problems = [
+        lib_file_problem(p.name, modules) for p in sorted((TESTS / "lib").glob("*.py"))
+    ]
+    assert not [p for p in problems if p], problems
+
+
+def test_exercise_tests_are_named_for_a_chapter():
+    problems = [
+        exercise_file_problem(p.name, CHAPTERS)
+        for p in sorted((TESTS / "exercises").glob("*.py"))
+    ]
+    assert not [p for p in problems if p], problems
+
+
+@pytest.mark.parametrize(
+    "name", ["test_efficient.py", "test_generate.py", "test_ch2.py", "helpers.py"]
+)
+def test_a_file_not_named_for_a_module_is_rejected(name):
+    assert lib_file_problem(name, library_modules()) is not None
+
+
+@pytest.mark.parametrize("name", ["test_checks_efficient.py", "test_checks_ch99.py"])
+def test_an_exercise_file_not_named_for_a_chapter_is_rejected(name):
+    assert exercise_file_problem(name, CHAPTERS) is not None
