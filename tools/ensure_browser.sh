@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The set-up step of `make test` for its browser tests (tests/test_browser.py, test_a11y.py):
+# The set-up step of `make test` for its browser tests (tests/site/test_browser.py, test_a11y.py):
 # Debian's chromium at $CHROMIUM and the DejaVu fonts. When either is missing it installs
 # them with apt-get if this user may (root, or passwordless sudo); otherwise it stops at
 # once with one line saying what to install (tools/apt_install.sh).

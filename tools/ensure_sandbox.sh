@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The set-up step of `make test` for its grading tests (tests/test_grading.py), which run
+# The set-up step of `make test` for its grading tests (tests/slow/test_grading.py), which run
 # every submission in a bubblewrap sandbox: `bwrap` on PATH. When it is missing it installs
 # bubblewrap with apt-get if this user may (root, or passwordless sudo); otherwise it stops
 # at once with one line saying what to install (tools/apt_install.sh). Whether bwrap can

@@ -5,7 +5,7 @@ library's outputs. book/_ext/library_cache.py keys the cache on the library too.
 Builds a one-chapter copy of this book's configuration, with its own copy of the
 library, three times: fresh, unchanged (nothing executes), and after editing a library
 function (the chapter executes again and the page shows the new value). Slow (three
-small builds), like tests/test_build_errors.py.
+small builds), like tests/slow/test_build_errors.py.
 """
 
 from __future__ import annotations
