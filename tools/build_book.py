@@ -11,14 +11,22 @@ mode executes a chapter when its page is read), and merges what they collected. 
 kernel then gets cores / N torch threads (``$OMP_NUM_THREADS``, which the chapters'
 ``set_cpu_threads()`` follows), so N chapters do not fight over the same cores. N is
 ``--jobs``, else ``$BOOK_JOBS``, else the number of usable cores.
+
+Sphinx would cut the pages into N alphabetical chunks of equal count, so one process could
+get all the long chapters; here each page is its own chunk, handed to the next free
+process, longest first: by the execution times the last build recorded
+(``_build/.jupyter_cache/execution-times.json``, written by ``book/_ext/library_cache.py``),
+else by the size of the page's source.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import sys
+from pathlib import Path
 
 
 def usable_cores() -> int:
@@ -26,6 +34,26 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
+
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMES = ROOT / "_build" / ".jupyter_cache" / "execution-times.json"
+
+
+def longest_first(docnames: list[str]) -> list[str]:
+    """The pages ordered by their expected execution time, longest first."""
+    times = json.loads(TIMES.read_text()) if TIMES.exists() else {}
+
+    def cost(doc: str) -> tuple[float, int]:
+        source = ROOT / f"{doc}.md"
+        return (times.get(doc, 0.0), source.stat().st_size if source.exists() else 0)
+
+    return sorted(docnames, key=cost, reverse=True)
+
+
+def one_page_per_chunk(arguments, nproc: int, maxbatch: int = 10) -> list[list[str]]:
+    """Replaces sphinx.util.parallel.make_chunks: one page a chunk, longest first."""
+    return [[doc] for doc in longest_first(list(arguments))]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -43,11 +71,13 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
 
+    import sphinx.builders
     from jupyter_book import sphinx as jb_sphinx
     from jupyter_book.cli.main import main as jupyter_book_cli
 
     # the command line imports build_sphinx from this module when it runs
     jb_sphinx.build_sphinx = functools.partial(jb_sphinx.build_sphinx, jobs=jobs)
+    sphinx.builders.make_chunks = one_page_per_chunk  # Builder._read_parallel uses it
     jupyter_book_cli(["build", *rest])
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import shutil
 import time
 from pathlib import Path
@@ -90,12 +91,20 @@ def execution_times(env, since: float) -> list[tuple[str, float, bool]]:
     return rows
 
 
+TIMES_FILE = "execution-times.json"  # beside the caches: what tools/build_book.py reads
+
+
 def _log_execution_times(app, exception) -> None:
     if exception is not None:
         return
     rows = execution_times(app.env, _BUILD_START.get(id(app), 0.0))
     if not rows:
         return
+    # the longest pages start first in the next parallel build (tools/build_book.py)
+    record = Path(app.config.nb_execution_cache_path).parent / TIMES_FILE
+    record.write_text(
+        json.dumps({doc: round(sec, 1) for doc, sec, _ in rows}, indent=1)
+    )
     LOGGER.info("execution time of each chapter (seconds):")
     for docname, seconds, fresh in rows:
         how = "executed" if fresh else "from the cache (executed earlier)"
