@@ -361,3 +361,13 @@ def masked_attention_axis_renorm(q, k, v, mask):
     w = torch.softmax(_scores(q, k), dim=-2).masked_fill(~mask, 0.0)
     w = w / w.sum(dim=-1, keepdim=True)
     return w @ v
+
+
+# ------------------------------------------------------- distillation (chapter 9)
+
+
+def soft_target_one_sided(s: Tensor, t: Tensor, T: float) -> Tensor:
+    """T^2 KL(p || q) with the temperature on the student logits ``s`` only: the
+    teacher's targets ``t`` are not softened (Hinton et al. 2015, section 2)."""
+    p = torch.softmax(t, -1)
+    return T * T * (p * (p.log() - torch.log_softmax(s / T, -1))).sum(-1).mean()
