@@ -93,7 +93,6 @@ def test_soft_target_check(quiet_check):
     assert quiet_check(check_soft_target_loss, _soft) is True
 
     one_sided = pitfalls.soft_target_one_sided
-
     with pytest.raises(CheckError, match="not softened"):
         check_soft_target_loss.strict(one_sided)
     with pytest.raises(CheckError, match="swapped"):
