@@ -86,20 +86,35 @@ def tiny_config():
     return make
 
 
-class ListCache:
-    """The smallest KV cache: ``update`` appends along the length axis."""
+@pytest.fixture
+def qkv():
+    """A factory of random queries, keys and values:
+    ``qkv(b=2, h=2, t=8, s=None, d=16, *, dtype, requires_grad, seed)`` returns
+    q (B, H, T, d), k and v (B, H, S, d), drawn in that order, S defaulting to T.
+    With ``seed`` they come from a ``torch.Generator`` of their own (the same data
+    whatever ran before); without, from the global stream the ``seed`` fixture resets."""
 
-    def __init__(self):
-        self.k = self.v = None
+    def make(
+        b=2,
+        h=2,
+        t=8,
+        s=None,
+        d=16,
+        *,
+        dtype=torch.float32,
+        requires_grad=False,
+        seed=None,
+    ):
+        s = t if s is None else s
+        gen = None if seed is None else torch.Generator().manual_seed(seed)
+        return tuple(
+            torch.randn(b, h, n, d, dtype=dtype, generator=gen).requires_grad_(
+                requires_grad
+            )
+            for n in (t, s, s)
+        )
 
-    @property
-    def length(self) -> int:
-        return 0 if self.k is None else self.k.shape[2]
-
-    def update(self, k, v):
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
-        return self.k, self.v
+    return make
 
 
 @pytest.fixture
@@ -113,12 +128,6 @@ def quiet_check(capsys):
         return result
 
     return run
-
-
-@pytest.fixture
-def list_cache():
-    """The ``ListCache`` class: call it for a fresh, empty cache."""
-    return ListCache
 
 
 @pytest.fixture(scope="session")

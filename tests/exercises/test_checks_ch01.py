@@ -19,6 +19,7 @@ from transformer_course.exercises import (
     check_shape,
     check_soft_lookup,
 )
+from transformer_course.exercises import pitfalls as P
 
 param = pytest.mark.parametrize
 
@@ -39,23 +40,9 @@ def _valid_only(lookup):
     return fn
 
 
-def _unscaled(q, k, v):
-    w = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
-    return w @ v, w
-
-
-def _wrong_axis(q, k, v):
-    w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=1)
-    return w @ v, w
-
-
 def _transpose_bug(q, k, v):  # the chapter's "find the bug" code
     w = torch.softmax(q @ k.transpose(0, 1) / math.sqrt(q.shape[-1]), dim=1)
     return w @ v, w
-
-
-def _no_tuple(q, k, v):
-    return torch.softmax(q @ k.transpose(-2, -1), -1) @ v
 
 
 def _lookup(scores_of, weights_of=torch.softmax):
@@ -244,10 +231,10 @@ def test_stub_is_not_attempted(capsys):
 @pytest.mark.parametrize(
     "fn, words",
     [
-        (_unscaled, "sqrt"),
-        (_wrong_axis, "query axis"),
+        (P.attention_unscaled, "sqrt"),
+        (P.attention_softmax_over_queries, "query axis"),
         (_transpose_bug, ""),
-        (_no_tuple, "tuple"),
+        (P.attention_out_only, "tuple"),
     ],
 )
 def test_wrong_attention_is_rejected_with_a_hint(fn, words):

@@ -11,6 +11,7 @@ from transformer_course.exercises import (
     check_masked_attention,
     check_stable_softmax,
 )
+from transformer_course.exercises import pitfalls as P
 
 param = pytest.mark.parametrize
 
@@ -35,42 +36,8 @@ def stub(*args):
     raise NotImplementedError("your code here")
 
 
-def _softmax_naive(scores, mask=None, dim=-1):
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    e = torch.exp(scores)
-    return e / e.sum(dim, keepdim=True)
-
-
-def _softmax_shifted_nan(scores, mask=None, dim=-1):
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.softmax(scores, dim)
-
-
-def _softmax_big_negative(scores, mask=None, dim=-1):
-    if mask is not None:
-        scores = scores.masked_fill(~mask, -1e9)
-    return torch.softmax(scores, dim)
-
-
 def _softmax_dim0(scores, mask=None, dim=-1):
     return torch.softmax(scores, 0)
-
-
-def _att(scale=True, dim=-1, invert=False, guard=True):
-    def fn(q, k, v, mask=None):
-        s = q @ k.transpose(-2, -1)
-        if scale:
-            s = s / math.sqrt(q.shape[-1])
-        if mask is not None:
-            s = s.masked_fill(mask if invert else ~mask, float("-inf"))
-        w = torch.softmax(s, dim=dim)
-        if guard:
-            w = torch.nan_to_num(w)
-        return w @ v, w
-
-    return fn
 
 
 def test_checks_accept_right_answers(capsys):
@@ -88,9 +55,9 @@ def test_checks_say_not_attempted(capsys):
 @param(
     "fn, words",
     [
-        (_softmax_naive, "overflowed"),
-        (_softmax_shifted_nan, "NaN"),
-        (_softmax_big_negative, "P6"),
+        (P.softmax_no_max_shift, "overflowed"),
+        (P.softmax_unguarded, "NaN"),
+        (P.softmax_large_negative, "P6"),
         (_softmax_dim0, "last axis"),
     ],
 )
@@ -102,11 +69,11 @@ def test_stable_softmax_check_rejects(fn, words):
 @param(
     "fn, words",
     [
-        (_att(scale=False), "P12"),
-        (_att(dim=0), "P11"),
-        (_att(dim=1), "P11"),
-        (_att(invert=True), "inverted"),
-        (_att(guard=False), "P1"),
+        (P.attention_unscaled, "P12"),
+        (P.attention_softmax_over_batch, "P11"),
+        (P.attention_softmax_over_queries, "P11"),
+        (P.attention_inverted_mask, "inverted"),
+        (P.attention_no_guard, "P1"),
     ],
 )
 def test_masked_attention_check_rejects(fn, words):
@@ -115,12 +82,5 @@ def test_masked_attention_check_rejects(fn, words):
 
 
 def test_chapter_2_find_the_bug_code_is_rejected():
-    def attention_buggy(q, k, v, mask=None):  # as printed in the exercise
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-        if mask is not None:
-            scores = scores.masked_fill(mask, float("-inf"))
-        weights = torch.softmax(scores, dim=0)
-        return weights @ v, weights
-
-    with pytest.raises(CheckError, match="P11"):
-        check_masked_attention.strict(attention_buggy)
+    with pytest.raises(CheckError, match="P11"):  # the exercise's code, in pitfalls
+        check_masked_attention.strict(P.attention_buggy)

@@ -17,6 +17,7 @@ from transformer_course.exercises import (
     check_mean_pool,
     check_neighbour_agreement,
     check_soft_target_loss,
+    pitfalls,
 )
 
 
@@ -91,10 +92,7 @@ def test_neighbour_check(quiet_check):
 def test_soft_target_check(quiet_check):
     assert quiet_check(check_soft_target_loss, _soft) is True
 
-    def one_sided(s, t, T):
-        p = torch.softmax(t, -1)
-        return T * T * (p * (p.log() - torch.log_softmax(s / T, -1))).sum(-1).mean()
-
+    one_sided = pitfalls.soft_target_one_sided
     with pytest.raises(CheckError, match="not softened"):
         check_soft_target_loss.strict(one_sided)
     with pytest.raises(CheckError, match="swapped"):

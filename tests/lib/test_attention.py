@@ -23,19 +23,12 @@ from transformer_course import (
 from transformer_course.additive import additive_attention
 from transformer_course.attention import MultiHeadAttention, masked_softmax, repeat_kv
 from transformer_course.interop import from_torch_mha, load_torch_mha
+from transformer_course.kv_cache import KVCache
 
 param = pytest.mark.parametrize
 
 
 B, H, T, S, D = 2, 3, 5, 7, 8
-
-
-def _qkv(dtype=torch.float32, b=B, h=H, t=T, s=S, d=D):
-    return (
-        torch.randn(b, h, t, d, dtype=dtype),
-        torch.randn(b, h, s, d, dtype=dtype),
-        torch.randn(b, h, s, d, dtype=dtype),
-    )
 
 
 def _random_mask(shape):
@@ -59,15 +52,6 @@ def close(a, b, atol=1e-5):
     return torch.allclose(a, b, atol=atol, rtol=1e-5)
 
 
-def qkv(b=2, h=2, t=130, s=None, d=64, dtype=torch.float32):
-    s = t if s is None else s
-    return (
-        torch.randn(b, h, t, d, dtype=dtype),
-        torch.randn(b, h, s, d, dtype=dtype),
-        torch.randn(b, h, s, d, dtype=dtype),
-    )
-
-
 def naive(q, k, v, mask=None):
     return scaled_dot_product_attention(q, k, v, mask)[0]
 
@@ -77,8 +61,8 @@ def max_err(a, b):
 
 
 @param("mask_shape", [None, (T, S), (B, 1, 1, S), (B, H, T, S), (1, H, T, 1)])
-def test_equals_pytorch_sdpa(mask_shape):
-    q, k, v = _qkv()
+def test_equals_pytorch_sdpa(mask_shape, qkv):
+    q, k, v = qkv(B, H, T, S, D)
     mask = None if mask_shape is None else _random_mask(mask_shape)
     out, weights = scaled_dot_product_attention(q, k, v, mask)
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -86,9 +70,9 @@ def test_equals_pytorch_sdpa(mask_shape):
     torch.testing.assert_close(weights.sum(-1), torch.ones(B, H, T), atol=1e-6, rtol=0)
 
 
-def test_parity_check_can_fail():
+def test_parity_check_can_fail(qkv):
     # the known-wrong input: a mask with the opposite polarity is not "close"
-    q, k, v = _qkv()
+    q, k, v = qkv(B, H, T, S, D)
     mask = _random_mask((T, S))
     mask[:, -1] = False
     out, _ = scaled_dot_product_attention(q, k, v, mask)
@@ -99,16 +83,16 @@ def test_parity_check_can_fail():
 
 
 @param("backend", sorted(ATTENTION_BACKENDS))
-def test_backends_agree_with_naive(backend):
-    q, k, v = _qkv()
+def test_backends_agree_with_naive(backend, qkv):
+    q, k, v = qkv(B, H, T, S, D)
     mask = _random_mask((B, 1, T, S))
     ref, _ = scaled_dot_product_attention(q, k, v, mask)
     out, _ = ATTENTION_BACKENDS[backend](q, k, v, mask)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
-def test_scale_argument():
-    q, k, v = _qkv()
+def test_scale_argument(qkv):
+    q, k, v = qkv(B, H, T, S, D)
     out, _ = scaled_dot_product_attention(q, k, v, scale=0.5)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, scale=0.5))
 
@@ -164,21 +148,21 @@ def test_p3_causal_row_0_sees_only_itself_and_inverted_mask_differs():
     assert not torch.allclose(inverted[0, 0], v[0, 0])
 
 
-def test_p3_converter_from_pytorch_key_padding_mask():
+def test_p3_converter_from_pytorch_key_padding_mask(qkv):
     kpm = torch.tensor([[False, False, True]])  # PyTorch: True = ignore
     mask = from_key_padding_mask(kpm)
     assert mask.shape == (1, 1, 1, 3)
     assert mask.tolist() == [[[[True, True, False]]]]
-    q, k, v = _qkv(b=1, h=2, t=3, s=3)
+    q, k, v = qkv(1, 2, 3, 3, D)
     ours, _ = scaled_dot_product_attention(q, k, v, mask)
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=~kpm[:, None, None, :])
     torch.testing.assert_close(ours, ref)
 
 
-def test_p5_padding_masks_keys_not_queries():
+def test_p5_padding_masks_keys_not_queries(qkv):
     ids = torch.tensor([[5, 7, 0, 0]])
     mask = padding_mask(ids, pad_id=0) & causal_mask(4)  # (1, 1, 4, 4)
-    q, k, v = _qkv(b=1, h=1, t=4, s=4)
+    q, k, v = qkv(1, 1, 4, 4, D)
     out, w = scaled_dot_product_attention(q, k, v, mask)
     assert torch.equal(w[..., 2:], torch.zeros_like(w[..., 2:]))
     assert torch.isfinite(out).all()
@@ -253,8 +237,8 @@ def test_bad_input_names_argument_and_shapes(args, error, words, backend):
         assert word in str(info.value)
 
 
-def test_mask_that_would_grow_the_output_is_rejected():
-    q, k, v = _qkv(b=1)
+def test_mask_that_would_grow_the_output_is_rejected(qkv):
+    q, k, v = qkv(1, H, T, S, D)
     with pytest.raises(ValueError, match="mask"):
         scaled_dot_product_attention(q, k, v, torch.ones(4, 1, T, S, dtype=torch.bool))
 
@@ -288,8 +272,8 @@ def test_gradcheck_double():
     )
 
 
-def test_dropout_zeroes_and_rescales_only_when_asked():
-    q, k, v = _qkv()
+def test_dropout_zeroes_and_rescales_only_when_asked(qkv):
+    q, k, v = qkv(B, H, T, S, D)
     a, _ = scaled_dot_product_attention(q, k, v)
     b, _ = scaled_dot_product_attention(q, k, v, dropout_p=0.0)
     assert torch.equal(a, b)
@@ -301,8 +285,8 @@ def test_dropout_zeroes_and_rescales_only_when_asked():
         scaled_dot_product_attention(q, k, v, dropout_p=1.0)
 
 
-def test_scale_default_is_inverse_sqrt_d_k():
-    q, k, v = _qkv()
+def test_scale_default_is_inverse_sqrt_d_k(qkv):
+    q, k, v = qkv(B, H, T, S, D)
     a, _ = scaled_dot_product_attention(q, k, v)
     b, _ = scaled_dot_product_attention(q, k, v, scale=1 / math.sqrt(D))
     c, _ = scaled_dot_product_attention(q, k, v, scale=1.0)
@@ -487,11 +471,11 @@ def test_dropout_only_in_training():
     assert not torch.equal(mha(x, x, x)[0], mha(x, x, x)[0])
 
 
-def test_cache_step_by_step_equals_full_causal(list_cache):
+def test_cache_step_by_step_equals_full_causal():
     mha = MultiHeadAttention(D_MULTIHEAD, H_MULTIHEAD).eval()
     x = torch.randn(2, 6, D_MULTIHEAD)
     full, _ = mha(x, x, x, causal_mask(6))
-    cache, steps = list_cache(), []
+    cache, steps = KVCache(), []
     prompt = x[:, :3]
     steps.append(mha(prompt, prompt, prompt, causal_mask(3), cache=cache)[0])
     for t in range(3, 6):
@@ -637,7 +621,7 @@ def test_prune_heads_in_two_calls_equals_one_call():
     assert not close(mha(x, x, x, head_mask=wrong)[0], gated)
 
 
-def test_rotary_attention_under_a_cache_equals_the_full_pass(list_cache):
+def test_rotary_attention_under_a_cache_equals_the_full_pass():
     from transformer_course.positional import RotaryEmbedding
 
     mha = MultiHeadAttention(
@@ -645,14 +629,14 @@ def test_rotary_attention_under_a_cache_equals_the_full_pass(list_cache):
     ).eval()
     x = torch.randn(2, 7, D_MULTIHEAD)
     full, _ = mha(x, x, x, causal_mask(7))
-    cache = list_cache()
+    cache = KVCache()
     steps = [mha(x[:, :3], x[:, :3], x[:, :3], causal_mask(3), cache=cache)[0]]
     for t in range(3, 7):
         xt = x[:, t : t + 1]
         steps.append(mha(xt, xt, xt, causal_mask(1, t + 1), cache=cache)[0])
     assert close(torch.cat(steps, dim=1), full)
     # known wrong (P16): every new token rotated as if it were at position 0
-    cache = list_cache()
+    cache = KVCache()
     mha(x[:, :3], x[:, :3], x[:, :3], causal_mask(3), cache=cache)
     xt = x[:, 3:4]
     bug, _ = mha(
@@ -765,10 +749,10 @@ def test_p12_missing_scale():
 
 
 @param("backend", ["naive", "sdpa", "tiled"])
-def test_backends_agree_for_every_length_p18(backend):
+def test_backends_agree_for_every_length_p18(backend, qkv):
     fn = ATTENTION_BACKENDS[backend]
     max_len = 24
-    q, k, v = qkv(b=1, h=2, t=max_len, d=8)
+    q, k, v = qkv(1, 2, max_len, d=8)
     for t in range(1, max_len + 1):
         mask = causal_mask(t)
         args = (q[..., :t, :], k[..., :t, :], v[..., :t, :])
@@ -778,9 +762,9 @@ def test_backends_agree_for_every_length_p18(backend):
 
 
 @param("backend", ["naive", "sdpa", "tiled"])
-def test_earlier_outputs_ignore_later_tokens_p18(backend):
+def test_earlier_outputs_ignore_later_tokens_p18(backend, qkv):
     fn = ATTENTION_BACKENDS[backend]
-    q, k, v = qkv(b=1, h=2, t=16, d=8)
+    q, k, v = qkv(1, 2, 16, d=8)
     mask = causal_mask(16)
     out, _ = fn(q, k, v, mask)
     for t in (1, 7, 15):
@@ -834,11 +818,11 @@ def test_gqa_matches_pytorch_enable_gqa(n_kv_heads, backend):
 
 
 @param("n_kv_heads", [1, 2])
-def test_gqa_cache_stores_kv_heads_and_matches_full(n_kv_heads, list_cache):
+def test_gqa_cache_stores_kv_heads_and_matches_full(n_kv_heads):
     gqa = MultiHeadAttention(32, 4, n_kv_heads=n_kv_heads).eval()
     x = torch.randn(1, 6, 32)
     full, _ = gqa(x, x, x, causal_mask(6))
-    cache, steps = list_cache(), []
+    cache, steps = KVCache(), []
     for t in range(6):
         step = x[:, t : t + 1]
         out, _ = gqa(step, step, step, causal_mask(1, t + 1), cache=cache)

@@ -15,7 +15,6 @@ from transformer_course.contrastive import (
     contrastive_loss,
     recall_at_k,
 )
-from transformer_course.model import TransformerConfig
 
 
 def hand_loss(img, txt, scale, symmetric=True):
@@ -120,10 +119,8 @@ def test_logit_scale_at_the_clamp_keeps_a_gradient_and_comes_back_down():
     assert stuck.grad.item() == 0.0
 
 
-def test_dual_encoder_gives_unit_vectors_and_ignores_padding():
-    cfg = TransformerConfig(
-        src_vocab_size=10, d_model=16, n_heads=2, d_ff=32, n_layers=1, dropout=0.0
-    )
+def test_dual_encoder_gives_unit_vectors_and_ignores_padding(tiny_config):
+    cfg = tiny_config(n_layers=1)
     torch.manual_seed(0)
     model = DualEncoder(cfg, (8, 16), 4, embed_dim=8).eval()
     img, txt, _ = model(

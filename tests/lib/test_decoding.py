@@ -20,23 +20,13 @@ from transformer_course.decoding import (
     new_caches,
 )
 from transformer_course.kv_cache import ConcatKVCache
-from transformer_course.model import DecoderOnlyLM, TransformerConfig, make_model
+from transformer_course.model import DecoderOnlyLM, make_model
 
 param = pytest.mark.parametrize
 
 
-def _model(norm_first=True, positional="sinusoidal"):
-    cfg = TransformerConfig(
-        src_vocab_size=20,
-        tgt_vocab_size=12,
-        d_model=32,
-        n_heads=4,
-        d_ff=64,
-        dropout=0.0,
-        max_len=16,
-        norm_first=norm_first,
-        positional=positional,
-    )
+def _model(tiny_config, norm_first=True, positional="sinusoidal"):
+    cfg = tiny_config(norm_first=norm_first, positional=positional)
     torch.manual_seed(0)
     model = make_model(cfg).eval()
     with torch.no_grad():  # sharper outputs that depend on the source, and an EOS
@@ -95,7 +85,9 @@ class _TableTranslator(torch.nn.Module):
     """Next-token probabilities looked up by the prefix after BOS. Ids: 0 padding,
     1 BOS, 2 EOS, 3 "A", 4 "B"; an unlisted prefix gives A, B, EOS a third each."""
 
-    cfg = TransformerConfig(max_len=8, pad_id=0)
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg  # the decoders read max_len and pad_id
 
     def encode(self, src):
         B = src.shape[0]
@@ -263,9 +255,9 @@ def test_kv_cache_rejects_tensors_unlike_the_cached_ones():
 
 @param("beam_size", [1, 3])
 def test_beam_search_with_the_preallocated_cache_equals_the_concat_one(
-    beam_size, monkeypatch
+    beam_size, monkeypatch, tiny_config
 ):
-    model, src = _model(), torch.randint(4, 20, (8, 6))
+    model, src = _model(tiny_config), torch.randint(4, 20, (8, 6))
     new = decoding.new_caches
     monkeypatch.setattr(decoding, "new_caches", functools.partial(new, capacity=2))
     grown = beam_search(model, src, 12, beam_size=beam_size)  # grows while reordering
@@ -307,8 +299,8 @@ def test_left_padded_generate_equals_recomputing_every_step(tiny_config):
         (True, "alibi"),
     ],
 )
-def test_cached_logits_equal_uncached(norm_first, positional):
-    model = _model(norm_first, positional)
+def test_cached_logits_equal_uncached(norm_first, positional, tiny_config):
+    model = _model(tiny_config, norm_first, positional)
     src, tgt = torch.randint(4, 20, (2, 6)), torch.randint(3, 12, (2, 7))
     full = model(src, tgt)
     memory, mask = model.encode(src)
@@ -344,16 +336,16 @@ def test_lm_cached_logits_equal_uncached(tiny_config):
     )
 
 
-def test_greedy_with_cache_equals_without():
-    model, src = _model(), torch.randint(4, 20, (3, 5))
+def test_greedy_with_cache_equals_without(tiny_config):
+    model, src = _model(tiny_config), torch.randint(4, 20, (3, 5))
     assert greedy_decode(model, src, 10) == greedy_decode(
         model, src, 10, use_cache=False
     )
 
 
 @param("norm_first", [False, True])
-def test_beam_one_equals_greedy(norm_first):
-    model, src = _model(norm_first), torch.randint(4, 20, (16, 6))
+def test_beam_one_equals_greedy(norm_first, tiny_config):
+    model, src = _model(tiny_config, norm_first), torch.randint(4, 20, (16, 6))
     greedy = greedy_decode(model, src, 10)
     assert beam_search(model, src, 10, beam_size=1, length_penalty=0.6) == greedy
     assert any(len(g) < 10 for g in greedy)  # some rows stop early: EOS is handled
@@ -366,8 +358,8 @@ def test_beam_one_equals_greedy(norm_first):
         lambda m, s: beam_search(m, s, 10, beam_size=3),
     ],
 )
-def test_padded_batch_equals_one_at_a_time(decode):
-    model = _model()
+def test_padded_batch_equals_one_at_a_time(decode, tiny_config):
+    model = _model(tiny_config)
     rows = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
     batch = torch.zeros(3, 5, dtype=torch.long)
     for i, r in enumerate(rows):
@@ -379,8 +371,8 @@ def test_padded_batch_equals_one_at_a_time(decode):
     assert decode(model, batch.masked_fill(batch == 0, 4)) != alone
 
 
-def test_beam_search_finds_higher_likelihood_than_greedy_on_average():
-    model, src = _model(), torch.randint(4, 20, (16, 5))
+def test_beam_search_finds_higher_likelihood_than_greedy_on_average(tiny_config):
+    model, src = _model(tiny_config), torch.randint(4, 20, (16, 5))
 
     def logp(outs):
         tgt = [[BOS_ID, *o, 2] for o in outs]
@@ -395,27 +387,27 @@ def test_beam_search_finds_higher_likelihood_than_greedy_on_average():
     assert beam >= greedy - 1e-4
 
 
-def test_length_penalty():
+def test_length_penalty(tiny_config):
     assert length_penalty_gnmt(torch.tensor(7.0), 0.0) == 1.0
     assert length_penalty_gnmt(torch.tensor(7.0), 1.0) == pytest.approx(2.0)
     with pytest.raises(ValueError, match="beam_size"):
-        beam_search(_model(), torch.tensor([[5]]), beam_size=0)
+        beam_search(_model(tiny_config), torch.tensor([[5]]), beam_size=0)
     with pytest.raises(TypeError, match="beam_size"):
-        beam_search(_model(), torch.tensor([[5]]), beam_size=2.0)
+        beam_search(_model(tiny_config), torch.tensor([[5]]), beam_size=2.0)
     with pytest.raises(ValueError, match="length_penalty"):
-        beam_search(_model(), torch.tensor([[5]]), length_penalty=-0.5)
+        beam_search(_model(tiny_config), torch.tensor([[5]]), length_penalty=-0.5)
     with pytest.raises(ValueError, match="max_new_tokens"):
-        greedy_decode(_model(), torch.tensor([[5]]), -1)
+        greedy_decode(_model(tiny_config), torch.tensor([[5]]), -1)
 
 
-def test_beam_search_with_cache_equals_without():
-    model, src = _model(), torch.randint(4, 20, (4, 6))
+def test_beam_search_with_cache_equals_without(tiny_config):
+    model, src = _model(tiny_config), torch.randint(4, 20, (4, 6))
     cached = beam_search(model, src, 10, beam_size=3)
     assert beam_search(model, src, 10, beam_size=3, use_cache=False) == cached
 
 
-def test_translators_take_special_ids_from_arguments_and_config():
-    model, src = _model(), torch.randint(4, 20, (6, 5))
+def test_translators_take_special_ids_from_arguments_and_config(tiny_config):
+    model, src = _model(tiny_config), torch.randint(4, 20, (6, 5))
     plain = greedy_decode(model, src, 10)
     eos = 5  # another end of sentence: every row stops at its first 5
     cut = greedy_decode(model, src, 10, eos_token_id=[2, eos])
@@ -427,12 +419,13 @@ def test_translators_take_special_ids_from_arguments_and_config():
     assert greedy_decode(model, src, 10, bos_token_id=3) != plain
 
 
-def test_beam_search_finished_hypothesis_keeps_its_slot():
+def test_beam_search_finished_hypothesis_keeps_its_slot(tiny_config):
     # ParlAI #2058, HF #16095: the convention is pinned. With K = 2, "EOS" ends at
     # step 1 and keeps a slot, so only one hypothesis stays live and "A B" (third at
     # step 2 on raw log-probability) is dropped; a search keeping K live hypotheses
     # finishes "A B EOS", which wins under a length penalty of 3.
-    model, src, alpha = _TableTranslator(), torch.zeros(1, 1, dtype=torch.long), 3.0
+    model = _TableTranslator(tiny_config(max_len=8, pad_id=0))
+    src, alpha = torch.zeros(1, 1, dtype=torch.long), 3.0
     kw = {"length_penalty": alpha, "use_cache": False}
     assert beam_search(model, src, 4, beam_size=2, **kw) == [[]]  # "EOS" alone
     assert _penalised_score([3, 4, 2], alpha) > _penalised_score([2], alpha)

@@ -21,6 +21,7 @@ from transformer_course.distill import (
     value_relation,
     value_relation_kl,
 )
+from transformer_course.exercises.pitfalls import soft_target_one_sided
 
 
 def hand_soft_target(s, t, T):
@@ -32,11 +33,6 @@ def hand_soft_target(s, t, T):
 
     p, q = softmax(t), softmax(s)
     return T * T * sum(pc * math.log(pc / qc) for pc, qc in zip(p, q))
-
-
-def wrong_one_sided(s, t, T):  # pitfall: temperature on the student only
-    p = torch.softmax(t, -1)
-    return T * T * (p * (p.log() - torch.log_softmax(s / T, -1))).sum(-1).mean()
 
 
 def wrong_swapped(s, t, T):  # pitfall: KL(student || teacher)
@@ -52,7 +48,9 @@ def test_soft_target_loss_matches_hand_computation():
         assert wrong_swapped(st, tt, T).item() != pytest.approx(got.item(), rel=1e-3)
         if T == 1.0:  # one-sided temperature only differs when T != 1
             continue
-        assert wrong_one_sided(st, tt, T).item() != pytest.approx(got.item(), rel=1e-3)
+        assert soft_target_one_sided(st, tt, T).item() != pytest.approx(
+            got.item(), rel=1e-3
+        )
 
 
 def test_soft_target_loss_zero_for_equal_and_shift_invariant():

@@ -27,15 +27,6 @@ from transformer_course.measure import peak_tensor_bytes
 param = pytest.mark.parametrize
 
 
-def qkv(b=2, h=2, t=130, s=None, d=64, dtype=torch.float32):
-    s = t if s is None else s
-    return (
-        torch.randn(b, h, t, d, dtype=dtype),
-        torch.randn(b, h, s, d, dtype=dtype),
-        torch.randn(b, h, s, d, dtype=dtype),
-    )
-
-
 def naive(q, k, v, mask=None):
     return scaled_dot_product_attention(q, k, v, mask)[0]
 
@@ -46,15 +37,6 @@ def max_err(a, b):
 
 # T = 75 and S = 53 are multiples of none of these blocks (pitfall P17)
 BLOCKS = [(16, 16), (32, 24), (None, 16), (None, 64), (7, None), (200, 200)]
-
-
-def qkv_flash(t=75, s=53, d=16, requires_grad=False):
-    g = torch.Generator().manual_seed(t * 1000 + s)
-    shapes = ((2, 3, t, d), (2, 3, s, d), (2, 3, s, d))
-    return tuple(
-        torch.randn(*shape, generator=g).requires_grad_(requires_grad)
-        for shape in shapes
-    )
 
 
 def tiled(q, k, v, mask=None, *, block_q, block_k, **kw):
@@ -77,14 +59,6 @@ class NoDeltaAttention(TiledAttention):
             d_out, q, k, v, torch.zeros_like(out), lse, mask, bias, ctx.tiles
         )
         return *grads[:3], None, None, None
-
-
-def grad_inputs(b, h, t, s, d, seed, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    return tuple(
-        torch.randn(b, h, n, d, generator=g, dtype=dtype).requires_grad_()
-        for n in (t, s, s)
-    )
 
 
 def key_padding(b, s, seed):
@@ -110,8 +84,8 @@ def sdpa_grads(q, k, v, d_out, mask=None, causal=False):
 
 
 @param("block_q, block_k", [(64, 64), (32, 48), (11, 7), (200, 200)])
-def test_tiled_equals_naive_float32_p17(block_q, block_k):
-    q, k, v = qkv()  # T = 130 is not a multiple of any block
+def test_tiled_equals_naive_float32_p17(block_q, block_k, qkv):
+    q, k, v = qkv(2, 2, 130, d=64)  # T = 130 is not a multiple of any block
     out, weights = tiled_attention(q, k, v, block_q=block_q, block_k=block_k)
     assert weights is None
     assert max_err(out, naive(q, k, v)) < 1e-5
@@ -120,8 +94,8 @@ def test_tiled_equals_naive_float32_p17(block_q, block_k):
 
 
 @param("t, s", [(70, 70), (5, 67), (67, 5)])
-def test_tiled_masks_equal_naive(t, s):
-    q, k, v = qkv(t=t, s=s)
+def test_tiled_masks_equal_naive(t, s, qkv):
+    q, k, v = qkv(2, 2, t, s, 64)
     lengths = torch.tensor([s, max(1, s // 3)])
     pad = padding_mask(lengths, max_len=s)  # (B, 1, 1, S)
     causal = causal_mask(t, s)  # (T, S)
@@ -135,8 +109,8 @@ def test_tiled_masks_equal_naive(t, s):
     assert max_err(unmasked, naive(q, k, v, pad & causal)) > 1e-2
 
 
-def test_tiled_float16_error_bounded_p17():
-    q, k, v = qkv(dtype=torch.float16)
+def test_tiled_float16_error_bounded_p17(qkv):
+    q, k, v = qkv(2, 2, 130, d=64, dtype=torch.float16)
     ref = naive(q.float(), k.float(), v.float())
     naive_err = max_err(naive(q, k, v), ref)
     out, _ = tiled_attention(q, k, v, causal=False, block_q=32, block_k=48)
@@ -146,8 +120,8 @@ def test_tiled_float16_error_bounded_p17():
     assert max_err(out, ref) > 1e-5
 
 
-def test_tiled_fully_masked_rows_are_zero_p1():
-    q, k, v = qkv(t=3, s=3, d=4)
+def test_tiled_fully_masked_rows_are_zero_p1(qkv):
+    q, k, v = qkv(2, 2, 3, 3, 4)
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         qd, kd, vd = (x.detach().to(dtype).requires_grad_() for x in (q, k, v))
         mask = torch.tensor([True, True, False])[None, None, None, :].repeat(2, 1, 1, 1)
@@ -171,8 +145,8 @@ def test_tiled_first_tile_masked_with_very_negative_scores():
     assert max_err(out, ref) < 1e-6 and ref.abs().max() > 0.1
 
 
-def test_tiled_gradients_equal_naive():
-    q, k, v = (x.requires_grad_() for x in qkv(b=1, h=2, t=37, d=16))
+def test_tiled_gradients_equal_naive(qkv):
+    q, k, v = qkv(1, 2, 37, d=16, requires_grad=True)
     mask = causal_mask(37)
     grads = []
     for fn in (tiled_attention, scaled_dot_product_attention):
@@ -206,8 +180,8 @@ def test_online_softmax_matches_softmax():
     assert torch.equal(empty, torch.zeros(4))
 
 
-def test_bad_input_gives_clear_errors():
-    q, k, v = qkv(t=8, d=16)
+def test_bad_input_gives_clear_errors(qkv):
+    q, k, v = qkv(2, 2, 8, d=16)
     with pytest.raises(ValueError, match="block_q: expected an int >= 1, got 0"):
         tiled_attention(q, k, v, block_q=0)
     with pytest.raises(ValueError, match="block_k"):
@@ -260,8 +234,8 @@ def test_record_forward_sees_every_generate_step(tiny_config):
 
 
 @param("block_q, block_k", BLOCKS)
-def test_equals_torch_sdpa(block_q, block_k):
-    q, k, v = qkv_flash()
+def test_equals_torch_sdpa(block_q, block_k, qkv):
+    q, k, v = qkv(2, 3, 75, 53, 16, seed=75_053)
     out = tiled(q, k, v, block_q=block_q, block_k=block_k)
     assert err(out, F.scaled_dot_product_attention(q, k, v)) < 1e-5
     # known-wrong: keys in the wrong order pair scores with the wrong values
@@ -270,8 +244,8 @@ def test_equals_torch_sdpa(block_q, block_k):
 
 
 @param("block_q, block_k", BLOCKS)
-def test_masks_and_causal_equal_torch_sdpa(block_q, block_k):
-    q, k, v = qkv_flash(t=75, s=75)
+def test_masks_and_causal_equal_torch_sdpa(block_q, block_k, qkv):
+    q, k, v = qkv(2, 3, 75, 75, 16, seed=75_075)
     g = torch.Generator().manual_seed(1)
     per_head = torch.rand(2, 3, 75, 75, generator=g) > 0.4  # (B, H, T, S)
     per_head[..., 0] = True  # every query sees a key (PyTorch gives NaN otherwise)
@@ -286,8 +260,9 @@ def test_masks_and_causal_equal_torch_sdpa(block_q, block_k):
     assert err(unmasked, ref_causal) > 1e-2
 
 
-def test_causal_with_fewer_queries_than_keys_is_bottom_right():
-    q, k, v = qkv_flash(t=20, s=53)  # the 20 queries are the last 20 positions
+def test_causal_with_fewer_queries_than_keys_is_bottom_right(qkv):
+    # the 20 queries are the last 20 positions
+    q, k, v = qkv(2, 3, 20, 53, 16, seed=20_053)
     mask = causal_mask(20, 53)
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     for block_q, block_k in BLOCKS:
@@ -295,8 +270,8 @@ def test_causal_with_fewer_queries_than_keys_is_bottom_right():
         assert err(out, ref) < 1e-5
 
 
-def test_bias_equals_torch_float_mask():
-    q, k, v = qkv_flash()
+def test_bias_equals_torch_float_mask(qkv):
+    q, k, v = qkv(2, 3, 75, 53, 16, seed=75_053)
     bias = torch.randn(3, 75, 53)  # (H, T, S), broadcast over the batch
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
     for block_q, block_k in BLOCKS:
@@ -306,8 +281,8 @@ def test_bias_equals_torch_float_mask():
 
 
 @param("block_q, block_k", BLOCKS)
-def test_gradients_equal_torch_sdpa(block_q, block_k):
-    q, k, v = qkv_flash(requires_grad=True)
+def test_gradients_equal_torch_sdpa(block_q, block_k, qkv):
+    q, k, v = qkv(2, 3, 75, 53, 16, requires_grad=True, seed=75_053)
     mask = torch.ones(75, 53, dtype=torch.bool).tril(diagonal=10)  # (T, S)
     mask[:, 0] = True
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -317,21 +292,21 @@ def test_gradients_equal_torch_sdpa(block_q, block_k):
     for a, b in zip(g_out, g_ref):
         assert err(a, b) < 1e-4
     # the inputs are not modified by the in-place steps inside
-    q2, k2, v2 = qkv_flash()
+    q2, k2, v2 = qkv(2, 3, 75, 53, 16, seed=75_053)
     assert torch.equal(v.detach(), v2)
     assert torch.equal(q.detach(), q2) and torch.equal(k.detach(), k2)
 
 
-def test_all_rows_at_once_is_one_query_block():
-    q, k, v = qkv_flash()
+def test_all_rows_at_once_is_one_query_block(qkv):
+    q, k, v = qkv(2, 3, 75, 53, 16, seed=75_053)
     assert torch.equal(
         tiled(q, k, v, block_q=None, block_k=16),
         tiled(q, k, v, block_q=75, block_k=16),
     )
 
 
-def test_bad_blocks_rejected():
-    q, k, v = qkv_flash()
+def test_bad_blocks_rejected(qkv):
+    q, k, v = qkv(2, 3, 75, 53, 16, seed=75_053)
     with pytest.raises(ValueError, match="block_q"):
         tiled_attention(q, k, v, block_q=0)
     with pytest.raises(TypeError, match="block_k"):
@@ -344,8 +319,10 @@ def test_bad_blocks_rejected():
 
 @param("b, h, t, s, d, block_q, block_k", GRADCHECK_SHAPES)
 @param("masking", ["none", "causal", "padding", "padding+causal", "empty row"])
-def test_gradcheck_float64(b, h, t, s, d, block_q, block_k, masking):
-    q, k, v = grad_inputs(b, h, t, s, d, seed=t * 100 + s)
+def test_gradcheck_float64(b, h, t, s, d, block_q, block_k, masking, qkv):
+    q, k, v = qkv(
+        b, h, t, s, d, dtype=torch.float64, requires_grad=True, seed=t * 100 + s
+    )
     mask = key_padding(b, s, seed=t) if "padding" in masking else None
     if masking == "empty row":
         mask = torch.ones(t, s, dtype=torch.bool)
@@ -358,8 +335,8 @@ def test_gradcheck_float64(b, h, t, s, d, block_q, block_k, masking):
     assert torch.autograd.gradcheck(fn, (q, k, v), fast_mode=True)
 
 
-def test_gradcheck_bias_gradient():
-    q, k, v = grad_inputs(2, 2, 7, 6, 4, seed=3)
+def test_gradcheck_bias_gradient(qkv):
+    q, k, v = qkv(2, 2, 7, 6, 4, dtype=torch.float64, requires_grad=True, seed=3)
     bias = torch.randn(2, 7, 6, dtype=torch.float64, requires_grad=True)  # (H, T, S)
 
     def fn(q, k, v, bias):
@@ -368,8 +345,8 @@ def test_gradcheck_bias_gradient():
     assert torch.autograd.gradcheck(fn, (q, k, v, bias), fast_mode=True)
 
 
-def test_backward_without_delta_fails_gradcheck():
-    q, k, v = grad_inputs(1, 2, 7, 9, 4, seed=5)
+def test_backward_without_delta_fails_gradcheck(qkv):
+    q, k, v = qkv(1, 2, 7, 9, 4, dtype=torch.float64, requires_grad=True, seed=5)
     tiles = Tiles(3, 4, False, 0.5)
     right = partial(TiledAttention.apply, mask=None, bias=None, tiles=tiles)
     wrong = partial(NoDeltaAttention.apply, mask=None, bias=None, tiles=tiles)
@@ -384,8 +361,8 @@ def test_backward_without_delta_fails_gradcheck():
 @param("block_q, block_k", BLOCKS)
 @param("t, s", [(75, 53), (53, 75), (130, 130)])
 @param("causal", [False, True])
-def test_gradients_equal_sdpa_float32(block_q, block_k, t, s, causal):
-    q, k, v = grad_inputs(2, 3, t, s, 16, seed=t + s, dtype=torch.float32)
+def test_gradients_equal_sdpa_float32(block_q, block_k, t, s, causal, qkv):
+    q, k, v = qkv(2, 3, t, s, 16, requires_grad=True, seed=t + s)
     d_out = torch.randn(2, 3, t, 16, generator=torch.Generator().manual_seed(9))
     pad = torch.ones(2, 1, 1, s, dtype=torch.bool)
     pad[1, ..., s // 2 :] = False  # item 1: padding keys
@@ -403,8 +380,8 @@ def test_gradients_equal_sdpa_float32(block_q, block_k, t, s, causal):
     assert err(unmasked[1], ref[1]) > 1e-2
 
 
-def test_fully_masked_rows_get_zero_gradients():
-    q, k, v = grad_inputs(2, 2, 6, 6, 4, seed=1, dtype=torch.float32)
+def test_fully_masked_rows_get_zero_gradients(qkv):
+    q, k, v = qkv(2, 2, 6, 6, 4, requires_grad=True, seed=1)
     mask = torch.ones(2, 1, 6, 6, dtype=torch.bool)
     mask[1] = False  # item 1: no query sees any key
     mask[0, :, 2] = False  # item 0: query 2 sees no key
@@ -437,9 +414,9 @@ def test_tiled_autograd_function_is_what_training_goes_through():
     assert "TiledAttentionBackward" not in {type(out.grad_fn).__name__}
 
 
-def test_backward_stores_no_t_by_t_matrix():
+def test_backward_stores_no_t_by_t_matrix(qkv):
     def forward_backward_bytes(fn, t):
-        q, k, v = grad_inputs(1, 1, t, t, 16, seed=0, dtype=torch.float32)
+        q, k, v = qkv(1, 1, t, t, 16, requires_grad=True, seed=0)
         d_out = torch.randn(1, 1, t, 16)
 
         def run():

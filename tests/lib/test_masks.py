@@ -117,11 +117,8 @@ def test_p3_from_key_padding_mask_matches_multihead_attention():
 
 @param("backend", BACKENDS)
 @param("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_p1_fully_masked_item_is_zero_and_grads_finite(backend, dtype):
-    torch.manual_seed(0)
-    q, k, v = (
-        torch.randn(2, 1, 3, 4, dtype=dtype, requires_grad=True) for _ in range(3)
-    )
+def test_p1_fully_masked_item_is_zero_and_grads_finite(backend, dtype, qkv):
+    q, k, v = qkv(2, 1, 3, d=4, dtype=dtype, requires_grad=True)
     mask = torch.ones(2, 1, 1, 3, dtype=torch.bool)
     mask[1] = False
     out = _run(backend, q, k, v, mask)
@@ -135,9 +132,8 @@ def test_p1_fully_masked_item_is_zero_and_grads_finite(backend, dtype):
 
 
 @param("backend", BACKENDS)
-def test_p2_one_head_fully_masked(backend):
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(1, 3, 5, 4) for _ in range(3))
+def test_p2_one_head_fully_masked(backend, qkv):
+    q, k, v = qkv(1, 3, 5, d=4)
     mask = torch.ones(1, 3, 5, 5, dtype=torch.bool)
     mask[:, 2] = False  # head 2 may see nothing
     out = _run(backend, q, k, v, mask)
@@ -191,9 +187,8 @@ def test_p6_zero_valid_length_gives_zero_weights(backend):
 
 @param("backend", BACKENDS)
 @param("dtype", [torch.float16, torch.bfloat16])
-def test_p7_combined_masks_never_overflow(backend, dtype):
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(1, 1, 2, 8, dtype=dtype) for _ in range(3))
+def test_p7_combined_masks_never_overflow(backend, dtype, qkv):
+    q, k, v = qkv(1, 1, 2, d=8, dtype=dtype)
     pad = torch.tensor([[False, True]])[:, None, None, :]  # left padded: [pad, t1]
     mask = combine_masks(causal_mask(2), pad)
     out = _run(backend, q, k, v, mask)

@@ -11,15 +11,6 @@ from transformer_course.flash import tiled_attention
 from transformer_course.measure import kv_cache_bytes_per_token, peak_tensor_bytes
 
 
-def qkv(b=2, h=2, t=130, s=None, d=64, dtype=torch.float32):
-    s = t if s is None else s
-    return (
-        torch.randn(b, h, t, d, dtype=dtype),
-        torch.randn(b, h, s, d, dtype=dtype),
-        torch.randn(b, h, s, d, dtype=dtype),
-    )
-
-
 def naive(q, k, v, mask=None):
     return scaled_dot_product_attention(q, k, v, mask)[0]
 
@@ -31,9 +22,9 @@ def test_kv_cache_bytes_per_token():
         kv_cache_bytes_per_token(4, 0, 64)
 
 
-def test_peak_tensor_bytes_grows_quadratically_for_naive_only():
+def test_peak_tensor_bytes_grows_quadratically_for_naive_only(qkv):
     def peaks(t):
-        q, k, v = qkv(b=1, h=1, t=t, d=16)
+        q, k, v = qkv(1, 1, t, d=16)
         naive_bytes = peak_tensor_bytes(lambda: naive(q, k, v))
         tiled_bytes = peak_tensor_bytes(
             lambda: tiled_attention(q, k, v, block_q=64, block_k=64)[0]

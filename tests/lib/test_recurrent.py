@@ -9,7 +9,7 @@ from torch import nn
 
 from transformer_course.additive import additive_attention
 from transformer_course.data import BOS_ID
-from transformer_course.model import TransformerConfig, make_model
+from transformer_course.model import make_model
 from transformer_course.recurrent import (
     FIRST_SYMBOL,
     LSTMSeq2Seq,
@@ -130,21 +130,12 @@ def test_bad_ids_are_rejected_with_the_argument_name(bad, error, match):
 
 
 @param("kind", ["lstm", "lstm+attention", "transformer"])
-def test_greedy_copy_agrees_with_teacher_forcing_on_its_own_output(kind):
+def test_greedy_copy_agrees_with_teacher_forcing_on_its_own_output(kind, tiny_config):
     """Feeding the greedy output back with teacher forcing must give the same argmax
     at every position; holds for any model, trained or not."""
     torch.manual_seed(0)
     if kind == "transformer":
-        cfg = TransformerConfig(
-            src_vocab_size=V,
-            tgt_vocab_size=V,
-            d_model=16,
-            n_heads=2,
-            d_ff=32,
-            n_layers=1,
-            dropout=0.0,
-            max_len=8,
-        )
+        cfg = tiny_config(src_vocab_size=V, tgt_vocab_size=V)
         model = make_model(cfg).eval()
     else:
         model = LSTMSeq2Seq(V, 8, 16, attention=kind == "lstm+attention").eval()

@@ -84,12 +84,9 @@ def edges(d):
     return set(d.edge_labels())
 
 
-def all_pictures():
+def all_pictures(tiny_config):
     model_x = torch.randint(1, 20, (1, 7)), torch.randint(1, 12, (1, 6))
-    from transformer_course.model import TransformerConfig
-
-    cfg = TransformerConfig(src_vocab_size=20, tgt_vocab_size=12, d_model=32,
-                            n_heads=4, d_ff=64, dropout=0.0, max_len=16)  # fmt: skip
+    cfg = tiny_config()
     teacher = tiny_minilm(3)
     cache = KVCache()
     cache.update(torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8))
@@ -303,8 +300,8 @@ def test_course_map_lists_chapters_and_rejects_unknown_ones():
 
 
 @needs_dot
-def test_every_picture_renders_readable_svg_with_alt_text():
-    for name, picture in all_pictures().items():
+def test_every_picture_renders_readable_svg_with_alt_text(tiny_config):
+    for name, picture in all_pictures(tiny_config).items():
         svg = picture.svg()
         assert svg.startswith('<svg role="img" aria-label="'), name
         assert "<?xml" not in svg and svg.count("<title>") == 1, name

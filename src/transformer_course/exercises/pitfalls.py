@@ -33,26 +33,33 @@ def _guarded_softmax(scores: Tensor) -> Tensor:
 # ------------------------------------------------------------- softmax (chapter 2)
 
 
-def softmax_no_max_shift(scores: Tensor, mask: Tensor | None = None) -> Tensor:
-    """exp(s) / sum exp(s): overflows to NaN for scores around 100 and above."""
+def softmax_no_max_shift(
+    scores: Tensor, mask: Tensor | None = None, dim: int = -1
+) -> Tensor:
+    """exp(s) / sum exp(s) over ``dim``: overflows to NaN for scores around 100 and
+    above."""
     if mask is not None:
         scores = scores.masked_fill(~mask, _INF)
     e = torch.exp(scores)
-    return e / e.sum(-1, keepdim=True)
+    return e / e.sum(dim, keepdim=True)
 
 
-def softmax_unguarded(scores: Tensor, mask: Tensor | None = None) -> Tensor:
+def softmax_unguarded(
+    scores: Tensor, mask: Tensor | None = None, dim: int = -1
+) -> Tensor:
     """-inf fill and torch.softmax: a row with no visible key is 0/0 = NaN (P1)."""
     if mask is not None:
         scores = scores.masked_fill(~mask, _INF)
-    return torch.softmax(scores, dim=-1)
+    return torch.softmax(scores, dim=dim)
 
 
-def softmax_large_negative(scores: Tensor, mask: Tensor | None = None) -> Tensor:
+def softmax_large_negative(
+    scores: Tensor, mask: Tensor | None = None, dim: int = -1
+) -> Tensor:
     """-1e9 fill: no NaN, but a row with no visible key becomes uniform (P6)."""
     if mask is not None:
         scores = scores.masked_fill(~mask, -1e9)
-    return torch.softmax(scores, dim=-1)
+    return torch.softmax(scores, dim=dim)
 
 
 def softmax_inverted_mask(scores: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -354,3 +361,13 @@ def masked_attention_axis_renorm(q, k, v, mask):
     w = torch.softmax(_scores(q, k), dim=-2).masked_fill(~mask, 0.0)
     w = w / w.sum(dim=-1, keepdim=True)
     return w @ v
+
+
+# ------------------------------------------------------- distillation (chapter 9)
+
+
+def soft_target_one_sided(s: Tensor, t: Tensor, T: float) -> Tensor:
+    """T^2 KL(p || q) with the temperature on the student logits ``s`` only: the
+    teacher's targets ``t`` are not softened (Hinton et al. 2015, section 2)."""
+    p = torch.softmax(t, -1)
+    return T * T * (p * (p.log() - torch.log_softmax(s / T, -1))).sum(-1).mean()
