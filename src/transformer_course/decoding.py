@@ -151,7 +151,7 @@ def beam_search(
     penalty only re-ranks the K that survived on raw log-probability. Hugging Face
     draws 2K candidates a step and keeps K live ones (HF #16095, ParlAI #2058); with a
     large ``length_penalty`` it can return a longer translation that this search
-    dropped unfinished (``tests/test_decoding.py`` pins such a case).
+    dropped unfinished (``tests/lib/test_decoding.py`` pins such a case).
 
     Args:
         model, src, max_new_tokens, use_cache, bos_token_id, eos_token_id: as

@@ -10,7 +10,7 @@ The "absorbed" form never rebuilds the keys and values. Since
 q_h . k_h = q_h . (W^UK_h c) = ((W^UK_h)^T q_h) . c, each query is moved into the
 latent space once, scores are taken against the cached latents directly, and W^UV_h is
 folded into the output projection: out = sum_h W^O_h W^UV_h (sum_s a_hs c_s). Both forms
-compute the same function (``tests/test_llama.py``).
+compute the same function (``tests/lib/test_mla.py``).
 
 Simplified against the paper: no low-rank query compression and no decoupled RoPE
 keys (DeepSeek-V2 adds a small rotary part per head beside the latent, because a
