@@ -305,4 +305,3 @@ def test_chapters_glue_through_the_library(chapter):
     text = chapter.read_text()
     assert "from myst_nb import glue" not in text, chapter.name
     assert "from transformer_course.viz.glue import glue" in text or "glue(" not in text
-
