@@ -66,10 +66,6 @@ KNOWN_FAILURES = {
     "tests/site/test_browser.py::test_every_animation_control_shows_an_icon[10_modern_llm]": (
         "chapter 10 has no animation yet"
     ),
-    "tests/slow/test_grading.py::test_half_right_gets_partial_marks[01_qkv]": (
-        "chapter 1's exercises were rewritten as variants; the test's wrong answer and "
-        "expected feedback still describe the old exercise"
-    ),
 }
 
 

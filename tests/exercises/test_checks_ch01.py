@@ -297,13 +297,19 @@ def test_the_right_soft_lookup_passes(quiet_check):
         ),
         (_loop_with_valid, "loops over the batch"),
         (
+            lambda q, k, v, valid: _with_valid(_masked)(
+                q * math.sqrt(q.shape[-1]), k, v, valid
+            ),
+            "without the 1/sqrt(d) scale",
+        ),
+        (
             lambda q, k, v, valid: scaled_dot_product_attention(
                 q, k, v, valid[:, None]
             ),
             "calls the library's",
         ),
     ],
-    ids=["ignored", "inverted", "after-softmax", "loop", "library"],
+    ids=["ignored", "inverted", "after-softmax", "loop", "unscaled", "library"],
 )
 def test_each_mistake_with_missing_keys_gets_its_own_message(wrong, message, capsys):
     assert check_dot_product_attention(wrong, with_valid=True) is False

@@ -46,8 +46,10 @@ CALL_TIMEOUT = 15.0
 
 # A wrong answer for each chapter's second question: the scores are not scaled.
 WRONG = {
-    "01_qkv": """def attention(q, k, v):
-    weights = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+    "01_qkv": """def attention(q, k, v, valid):
+    scores = q @ k.transpose(-2, -1)
+    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
     return weights @ v, weights""",
     "02_scaled_dot_product": """def attention_bthd(q, k, v, key_padding_mask=None):
     q, k, v = (x.transpose(1, 2) for x in (q, k, v))
@@ -476,9 +478,7 @@ def test_half_right_gets_partial_marks(graded, chapter):
     assert float(row[questions[1]["name"]]) == 0
     assert 0 < _total(graded, "grades", student) < _possible(graded, chapter)
     feedback = (graded["out"] / "feedback" / f"{student}.md").read_text()
-    assert (
-        "without the 1/sqrt(d" in feedback or "sqrt(d" in feedback
-    )  # the check's hint
+    assert "without the 1/sqrt(d) scale" in feedback  # the check's own message
     assert "not attempted yet" in feedback  # the untouched stub
 
 

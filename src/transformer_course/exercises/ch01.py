@@ -239,6 +239,13 @@ def _check_valid_keys(fn: Callable, gen: torch.Generator) -> None:
             "True in valid marks a key that is there.",
         ),
         (
+            torch.softmax(
+                (q @ k.transpose(-2, -1)).masked_fill(~valid[:, None, :], -math.inf), -1
+            ),
+            "your weights are softmax(q k^T) without the 1/sqrt(d) scale",
+            "divide the scores by sqrt(d_k) before the softmax.",
+        ),
+        (
             plain * valid[:, None, :],
             (
                 "the missing keys' weights were set to 0 after the softmax: the "
