@@ -17,6 +17,9 @@ page (a console error) and names a CDN. Its scripts are dropped from each page.
    - the theme's search and colour-mode buttons have an ``aria-label`` that leaves out
      their visible text or icon titles (serious): templates/ overrides these
      two theme components.
+
+4. The book's style sheet, ``static/course.css`` (code and output sized so that an
+   80-character line fits the column).
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ def _citation_roles(app, pagename, templatename, context, doctree):
 
 def _templates(app, config):
     config.templates_path.insert(0, str(Path(__file__).parent / "templates"))
+    config.html_static_path.append(str(Path(__file__).parent / "static"))
 
 
 def setup(app):
@@ -83,4 +87,5 @@ def setup(app):
     app.connect("html-page-context", _add_link)
     app.connect("html-page-context", _drop_thebe)
     app.connect("html-page-context", _citation_roles)
+    app.add_css_file("course.css")
     return {"parallel_read_safe": True, "parallel_write_safe": True}
