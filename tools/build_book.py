@@ -63,6 +63,9 @@ def main(argv: list[str] | None = None) -> None:
     jobs = args.jobs or int(os.environ.get("BOOK_JOBS", "0")) or usable_cores()
     if jobs < 1:
         raise SystemExit(f"--jobs: expected an int >= 1, got {jobs}")
+    # The site's pre-rendered figures and views (viz.plots, viz.interactive), as
+    # `make book` sets it: a build run by hand must not publish live-widget outputs.
+    os.environ.setdefault("TRANSFORMER_COURSE_STATIC", "1")
     if jobs > 1:
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() // jobs)))
     print(
