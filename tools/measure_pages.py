@@ -80,6 +80,33 @@ def measure(page) -> dict:
     }
 
 
+# The bar every chapter page meets (issue 25, "Done when"; tests/site/test_measure_pages.py).
+BAR = {
+    "code_share": ("<=", 0.20),  # visible code, a collapsed cell counting as its toggle
+    "figure_share": (">=", 0.20),  # figures, diagrams and animations
+    "diagrams": (">=", 1),  # drawn from a module (viz.diagram) or a schematic
+    "animations": (">=", 2),
+    "wide_code": ("<=", 0),  # code cells that scroll sideways
+    "wide_outputs": ("<=", 0),
+    "min_text_px": (">=", 10.0),  # the smallest figure text on the page
+}
+
+
+def bar_problems(m: dict) -> list[str]:
+    """What of ``BAR`` the measurements ``m`` (from ``measure``) miss, in words; a page
+    whose figures state no text size misses the text bar (it cannot be checked)."""
+    problems = []
+    for key, (op, limit) in BAR.items():
+        value = m.get(key)
+        ok = value is not None and (value <= limit if op == "<=" else value >= limit)
+        if not ok:
+            shown = (
+                f"{value:.0%}" if key.endswith("share") and value is not None else value
+            )
+            problems.append(f"{key} {shown}, expected {op} {limit}")
+    return problems
+
+
 def chapter_pages(site: Path) -> list[Path]:
     """The chapter pages of a built site: ``book/NN_*.html``."""
     return sorted((site / "book").glob("[0-9][0-9]_*.html"))

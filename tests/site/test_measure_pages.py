@@ -5,7 +5,8 @@ smallest figure text."""
 from __future__ import annotations
 
 import pytest
-from measure_pages import chapter_pages, measure, measure_site, table
+from browsing import CHAPTERS, short
+from measure_pages import bar_problems, chapter_pages, measure, measure_site, table
 
 pytestmark = pytest.mark.browser
 
@@ -66,3 +67,27 @@ def test_measure_site_visits_every_chapter(browser, tmp_path):
     assert list(results) == ["01_qkv", "02_scaled"]
     assert results["01_qkv"]["min_text_px"] == pytest.approx(11.0)
     assert "| 01_qkv | 2.0 | 20% | 20% | 1 | 1 | 0 | 0 | 11.0 |" in table(results)
+
+
+def test_the_bar_rejects_a_page_that_misses_it(browser):
+    m = measure(loaded(browser, page_html(code="x" * 300)))  # known-wrong on 3 counts
+    problems = bar_problems(m)
+    assert not any(p.startswith("code_share") for p in problems), problems  # 20%
+    assert bar_problems({**m, "code_share": 0.21})[0].startswith("code_share 21%")
+    assert any(p.startswith("animations 1") for p in problems), problems
+    assert any(p.startswith("wide_code 1") for p in problems), problems
+    assert any(p.startswith("min_text_px 9") for p in problems), problems
+    assert not any(p.startswith("diagrams") for p in problems), problems
+    assert bar_problems({**m, "min_text_px": None})[-1].startswith("min_text_px None")
+
+
+@pytest.mark.parametrize("name", CHAPTERS, ids=short)
+def test_chapter_reads_as_an_illustrated_page(browser, server, name):
+    """Issue 25's bar at 1280 px: visible code at most 20% of the page, figures at
+    least 20%, a diagram, two animations, nothing that scrolls sideways, figure text
+    of 10 px or more."""
+    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    page.goto(f"{server}/{name}.html", wait_until="load")
+    m = measure(page)
+    page.close()
+    assert not bar_problems(m), f"{short(name)}: {bar_problems(m)}"
