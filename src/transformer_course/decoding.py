@@ -110,7 +110,10 @@ def greedy_decode(
     for _ in range(n_new):
         step_in = tokens[:, -1:] if use_cache else tokens  # (B, 1) or (B, t)
         out = model.decode(step_in, memory, memory_mask, caches=caches)  # (B, t, V)
-        logits = out[:, -1]  # (B, V)
+        logits = out[:, -1].clone()  # (B, V)
+        # Padding is never a next token: the decoder hides a padded target key when it
+        # reads the whole prefix but not from a cache, so the two paths would part.
+        logits[:, pad] = float("-inf")
         nxt = logits.argmax(-1).masked_fill(done, pad)  # finished rows get padding
         tokens = torch.cat([tokens, nxt[:, None]], dim=1)  # (B, t + 1)
         done |= torch.isin(nxt, stop)
@@ -185,6 +188,7 @@ def beam_search(
         logits = model.decode(step_in, memory, memory_mask, caches=caches)[:, -1]
         logp = F.log_softmax(logits.float(), dim=-1)  # (B*K, V)
         V = logp.shape[-1]
+        logp[:, pad] = float("-inf")  # padding is never a next token (greedy_decode)
         logp[done] = float("-inf")  # a finished hypothesis only extends with padding,
         logp[done, pad] = 0.0  # at no cost
         cand = (scores.view(B * K, 1) + logp).view(B, K * V)  # (B, K*V)

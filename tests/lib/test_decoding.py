@@ -343,6 +343,32 @@ def test_greedy_with_cache_equals_without(tiny_config):
     )
 
 
+def _pad_loving(tiny_config):
+    """A translator whose most likely next token is often the padding id (0)."""
+    model = _model(tiny_config)
+    with torch.no_grad():
+        model.decoder.out.bias[model.cfg.pad_id] += 4.0
+    return model
+
+
+def test_greedy_never_emits_padding_so_cached_equals_uncached(tiny_config):
+    # Regression: a pad id chosen mid-sentence was hidden as a key when the decoder
+    # re-read the prefix (use_cache=False) but not from the cache: the paths parted.
+    model, src = _pad_loving(tiny_config), torch.randint(4, 20, (3, 5))
+    logits = model.decode(torch.full((3, 1), BOS_ID), *model.encode(src))[:, -1]
+    assert (logits.argmax(-1) == model.cfg.pad_id).any()  # the known-wrong pull
+    cached = greedy_decode(model, src, 10)
+    assert cached == greedy_decode(model, src, 10, use_cache=False)
+    assert all(len(row) == 10 for row in cached)  # no row cut short by a pad
+
+
+def test_beam_search_never_emits_padding_so_cached_equals_uncached(tiny_config):
+    model, src = _pad_loving(tiny_config), torch.randint(4, 20, (3, 5))
+    cached = beam_search(model, src, 10, beam_size=3)
+    assert cached == beam_search(model, src, 10, beam_size=3, use_cache=False)
+    assert all(len(row) == 10 for row in cached)
+
+
 @param("norm_first", [False, True])
 def test_beam_one_equals_greedy(norm_first, tiny_config):
     model, src = _model(tiny_config, norm_first), torch.randint(4, 20, (16, 6))
