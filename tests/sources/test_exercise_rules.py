@@ -164,3 +164,29 @@ def test_the_buggy_code_of_a_find_the_bug_exercise_fails_its_check(chapter, exer
         assert check(buggy[0], **exercise.kwargs) is False
     assert "✗" in printed.getvalue() and "Hint: " in printed.getvalue()
     assert "Traceback" not in printed.getvalue()
+
+
+def test_grading_image_pins_the_library_dependencies_to_the_tested_versions(tmp_path):
+    pins = assignments.pinned_dependencies()
+    assert any(p.startswith("torch==") for p in pins), pins
+    declared = [d.split(">")[0].split("=")[0].strip() for d in _declared()]
+    assert len(pins) == len(declared)
+    # known wrong: a dependency requirements.txt does not pin is refused, not unpinned
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\ndependencies = ["torch>=2.5", "not-pinned-anywhere>=1"]\n'
+    )
+    (tmp_path / "requirements.txt").write_text("torch==2.13.0+cpu\n")
+    with pytest.raises(ValueError, match="not-pinned-anywhere"):
+        assignments.pinned_dependencies(tmp_path)
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\ndependencies = ["torch>=2.5"]\n'
+    )
+    assert assignments.pinned_dependencies(tmp_path) == ["torch==2.13.0"]
+
+
+def _declared() -> list[str]:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "dependencies"
+    ]

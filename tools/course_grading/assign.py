@@ -211,6 +211,35 @@ def _solution_cell(ex: Exercise) -> nbformat.NotebookNode:
     return _code(source)
 
 
+def pinned_dependencies(root: Path = ROOT) -> list[str]:
+    """The library's runtime dependencies (pyproject.toml) pinned to the versions the
+    course is tested with (requirements.txt), e.g. ``torch==2.13.0``: the grading image
+    gets the torch that `make grade` uses, not whatever is newest when it is built.
+
+    Raises:
+        ValueError: a dependency that requirements.txt does not pin.
+    """
+    import tomllib
+
+    declared = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    pins = {}
+    for line in (root / "requirements.txt").read_text().splitlines():
+        name, sep, version = line.split("#")[0].strip().partition("==")
+        if sep:
+            pins[_canonical(name)] = version.split("+")[0].split(";")[0].strip()
+    out = []
+    for dep in declared["dependencies"]:
+        name = _canonical(re.split(r"[<>=!~\[; ]", dep, maxsplit=1)[0])
+        if name not in pins:
+            raise ValueError(f"requirements.txt pins no version of {name!r} ({dep!r})")
+        out.append(f"{name}=={pins[name]}")
+    return out
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def master_notebook(
     path: Path, exercises: list[Exercise], points: dict[str, float]
 ) -> nbformat.NotebookNode:
@@ -219,6 +248,7 @@ def master_notebook(
     title = path.read_text(encoding="utf-8").split("\n# ", 1)[1].split("\n", 1)[0]
     requirements = [
         "otter-grader==7.0.0",
+        *pinned_dependencies(),  # the versions `make grade` runs (instructor trial I7)
         f"transformer_course @ git+{url}@{branch}",
     ]
     config = {
