@@ -33,11 +33,14 @@ def _read_at_once(calls: list, block: int, size: int) -> None:
     names = whole_row_reductions(calls, block)
     if names:
         fail(
-            f"with block={block} your function calls {names[0]}() on more than "
-            f"{block} entries at once: it reads all {size} scores together, which the "
-            "exercise asks you not to do",
+            "with block={block} your function calls {function}() on more than "
+            "{block} entries at once: it reads all {size} scores together, "
+            "which the exercise asks you not to do",
             "keep only a running maximum m and a running sum l, and update both "
             "from one block of scores at a time.",
+            block=block,
+            function=names[0],
+            size=size,
         )
 
 
@@ -85,17 +88,21 @@ def check_online_softmax(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
     check_shape(l, (5,), "l")
     if not torch.equal(m, want_m):
         fail(
-            f"m = {m.tolist()}, expected {want_m.tolist()}",
+            "m = {m}, expected {want_m}",
             "the row's maximum is over all its scores, so over both halves.",
+            m=m.tolist(),
+            want_m=want_m.tolist(),
         )
     if torch.isnan(l).any():
         row = int(torch.nonzero(torch.isnan(l))[0])
         where = "which is all -inf" if row == 3 else "one of whose halves is all -inf"
         fail(
-            f"l is NaN for row {row}, {where}: exp(m_a - m) with m_a = m = -inf is "
-            "exp(-inf + inf)",
+            "l is NaN for row {row}, {where}: exp(m_a - m) with m_a = m = -inf "
+            "is exp(-inf + inf)",
             "a half with l = 0 adds nothing, whatever its factor: guard the factor "
             "where m is -inf.",
+            row=row,
+            where=where,
         )
     if torch.isinf(l).any():
         fail(
@@ -272,9 +279,10 @@ def _check_groups_once(fn, w: Tensor, group: int) -> None:
     check_shape(w_int8, (d_out, d_in), "w_int8")
     if w_int8.dtype != torch.int8:
         fail(
-            f"w_int8 has dtype {w_int8.dtype}, expected torch.int8",
+            "w_int8 has dtype {w_int8_dtype}, expected torch.int8",
             "the last step converts to the 8-bit integer type.",
             kind=ShapeError,
+            w_int8_dtype=w_int8.dtype,
         )
     if not isinstance(scale, Tensor) or tuple(scale.shape) != (d_out, n_groups):
         got = tuple(scale.shape) if isinstance(scale, Tensor) else type(scale).__name__
@@ -312,10 +320,11 @@ def _check_groups_once(fn, w: Tensor, group: int) -> None:
                 "converting to int8 rounds toward zero: round to nearest first.",
             )
         fail(
-            f"group = {group}: max |w_int8 * scale - w| = {err.max():.3g} exceeds "
-            "half a step",
+            "group = {group}: max |w_int8 * scale - w| = {err:.3g} exceeds half a step",
             "the step of a group is its scale: every weight must land within half a "
             "step of a code.",
+            group=group,
+            err=err.max(),
         )
     want = w.reshape(d_out, n_groups, group).abs().amax(-1) / 127
     check_close(scale, want, rtol=1e-4, name=f"scale (group = {group})")
