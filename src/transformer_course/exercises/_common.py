@@ -346,11 +346,10 @@ def out_and_weights(result, what: str = "(out, weights)") -> tuple[Tensor, Tenso
     """Unpack a learner's ``(out, weights)``; a clear ``ShapeError`` otherwise."""
     if isinstance(result, (tuple, list)) and len(result) == 2:
         return result[0], result[1]
-    got = (
-        f"a tuple of {len(result)}"
-        if isinstance(result, (tuple, list))
-        else f"a {type(result).__name__}"
-    )
+    if isinstance(result, (tuple, list)):
+        got = gettext("a tuple of {n}").format(n=len(result))
+    else:
+        got = gettext("a {type}").format(type=type(result).__name__)
     fail(
         "the function returned {got}, expected the tuple {what}",
         "end with `return out, weights`: the check needs both.",

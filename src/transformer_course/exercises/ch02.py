@@ -202,8 +202,11 @@ def _diagnose_attention(fn, q, k, v, w, ref_w, mask=None):
     for wrong, message, hint in (
         (
             pitfalls.attention_unscaled,
-            "your weights are softmax(q k^T) without the 1/sqrt(d_k) scale (pitfall P12)",
-            "the scores need one more factor before the softmax; see 'Why divide'.",
+            N_(
+                "your weights are softmax(q k^T) without the 1/sqrt(d_k) scale "
+                "(pitfall P12)"
+            ),
+            N_("the scores need one more factor before the softmax; see 'Why divide'."),
         ),
         (
             pitfalls.attention_scaled_by_d_k,

@@ -18,6 +18,7 @@ from transformer_course.exercises._common import (
     fail,
     passed,
 )
+from transformer_course.exercises._language import N_, gettext
 from transformer_course.exercises._method import (
     loops_over,
     own_code,
@@ -95,14 +96,18 @@ def check_online_softmax(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
         )
     if torch.isnan(l).any():
         row = int(torch.nonzero(torch.isnan(l))[0])
-        where = "which is all -inf" if row == 3 else "one of whose halves is all -inf"
+        where = (
+            N_("which is all -inf")
+            if row == 3
+            else N_("one of whose halves is all -inf")
+        )
         fail(
             "l is NaN for row {row}, {where}: exp(m_a - m) with m_a = m = -inf "
             "is exp(-inf + inf)",
             "a half with l = 0 adds nothing, whatever its factor: guard the factor "
             "where m is -inf.",
             row=row,
-            where=where,
+            where=gettext(where),
         )
     if torch.isinf(l).any():
         fail(
@@ -288,15 +293,22 @@ def _check_groups_once(fn, w: Tensor, group: int) -> None:
         got = tuple(scale.shape) if isinstance(scale, Tensor) else type(scale).__name__
         per_row = n_groups > 1 and got == (d_out, 1)
         fail(
-            f"group = {group}: scale has shape {got}, expected {(d_out, n_groups)}: "
-            + (
-                "one scale per row, so the groups were ignored"
-                if per_row
-                else f"one per group of {group} weights in each of the {d_out} rows"
+            N_(
+                "group = {group}: scale has shape {got}, expected {want}: one scale "
+                "per row, so the groups were ignored"
+            )
+            if per_row
+            else N_(
+                "group = {group}: scale has shape {got}, expected {want}: one per "
+                "group of {group} weights in each of the {d_out} rows"
             ),
             "view each row as (d_in // group, group) and reduce over the last axis "
             "only.",
             kind=ShapeError,
+            group=group,
+            got=got,
+            want=(d_out, n_groups),
+            d_out=d_out,
         )
     scale = scale.float()
     if torch.allclose(scale, scale.flatten()[0].expand_as(scale)):
@@ -327,4 +339,9 @@ def _check_groups_once(fn, w: Tensor, group: int) -> None:
             err=err.max(),
         )
     want = w.reshape(d_out, n_groups, group).abs().amax(-1) / 127
-    check_close(scale, want, rtol=1e-4, name=f"scale (group = {group})")
+    check_close(
+        scale,
+        want,
+        rtol=1e-4,
+        name=gettext("scale (group = {group})").format(group=group),
+    )
