@@ -6,7 +6,9 @@ through ``fail`` when something is wrong; the decorator turns that into two prin
 ("✗ message" and "Hint: ...") and a return value of False, so a learner sees what is
 wrong and not a traceback through this package. ``check.strict(fn)`` runs the same check
 but lets ``CheckError`` (and the stub's ``NotImplementedError``) propagate: tests and
-``public_test`` use it.
+``public_test`` use it. A message and its hint are English templates: ``fail`` and
+``passed`` translate them into the learner's language (``_language``), then fill in
+their ``{placeholders}``; a crash in the learner's code is reported by ``_crash``.
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
-import os
-import sysconfig
-import traceback
 from collections.abc import Callable, Sequence
 
 import torch
 
+from transformer_course.exercises._crash import (  # hide_frames: for the grader
+    hide_frames,  # noqa: F401
+    name_of,
+    report_crash,
+)
 from transformer_course.exercises._language import N_, gettext
 
 Tensor = torch.Tensor
@@ -80,7 +84,7 @@ def exercise_check(check: Callable[..., bool]) -> Callable[..., bool]:
         try:
             return check(fn, *args, **kwargs)
         except NotImplementedError:
-            name = _name_of(fn, N_("your function"))
+            name = name_of(fn, N_("your function"))
             print(
                 gettext(
                     "not attempted yet: {name} raises NotImplementedError; "
@@ -97,113 +101,11 @@ def exercise_check(check: Callable[..., bool]) -> Callable[..., bool]:
         except TimeoutError:
             raise  # a time limit set by the grader, not a mistake to explain
         except Exception as err:  # noqa: BLE001 (the learner's code raised)
-            _report_crash(fn, err)
+            report_crash(fn, err)
             return False
 
     wrapped.strict = check
     return wrapped
-
-
-_PACKAGE = os.path.dirname(os.path.abspath(__file__))
-_LIBRARIES = tuple(
-    os.path.abspath(p) + os.sep
-    for p in {
-        *(sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")),
-        os.path.dirname(_PACKAGE),  # transformer_course itself
-        os.path.dirname(torch.__file__),
-    }
-)
-
-
-def _is_learners(filename: str) -> bool:
-    """A frame of the learner's own code: not this package, not an installed library
-    (torch, the standard library, transformer_course), not the instructor's grader."""
-    path = os.path.abspath(filename)
-    return not (
-        path.startswith(_LIBRARIES)
-        or filename.startswith("<frozen")
-        or f"{os.sep}course_grading{os.sep}" in path
-    )
-
-
-_FRAMES = {"shown": True}  # False in the grader's re-check (``hide_frames``)
-
-
-def hide_frames() -> None:
-    """Crash reports in this process show no traceback frames. For the grader's
-    isolated re-check, where the learner's function runs in another process: the only
-    frames here are the grader's own proxy (and its paths), which a student's feedback
-    must not show."""
-    _FRAMES["shown"] = False
-
-
-def _report_crash(fn, err: Exception) -> None:
-    """Print the error, the learner's own frames (the last 3) and, when the error was
-    raised deeper, inside PyTorch or the library, where that was."""
-    frames = [
-        f
-        for f in traceback.extract_tb(err.__traceback__)
-        if _FRAMES["shown"] and not os.path.abspath(f.filename).startswith(_PACKAGE)
-    ]
-    own = [i for i, f in enumerate(frames) if _is_learners(f.filename)]
-    name = _name_of(fn, N_("your function"))
-    error = type(err).__name__
-    print(
-        "✗ "
-        + gettext("{name} raised {error}: {err}").format(
-            name=name, error=error, err=err
-        )
-    )
-    if not frames:  # the grader's re-check: its own frames are not the learner's
-        if isinstance(err, NameError):
-            _print_hint(
-                "check the spelling of every name, and that the cell defining it "
-                "ran (the function must keep the name the exercise gives it)."
-            )
-        else:
-            _print_hint(
-                "run this exercise's check in your notebook: it shows the line of "
-                "your code that raised."
-            )
-        return
-    if not own:  # a library function given as the answer, or the grader's proxy
-        shown = [
-            f for f in frames if f"{os.sep}course_grading{os.sep}" not in f.filename
-        ]
-        if shown:
-            print("".join(traceback.format_list(shown[-3:])).rstrip())
-        _print_hint("print the shapes and types of the inputs your function receives.")
-        return
-    print("".join(traceback.format_list([frames[i] for i in own[-3:]])).rstrip())
-    deeper = frames[own[-1] + 1 :]
-    if deeper:
-        where = deeper[-1]
-        inside = (
-            N_(
-                "  (raised inside PyTorch: {file}, in {function}, called from your line above)"
-            )
-            if "torch" in where.filename
-            else N_(
-                "  (raised inside a library: {file}, in {function}, called from your line above)"
-            )
-        )
-        file = os.path.basename(where.filename)
-        print(gettext(inside).format(file=file, function=where.name))
-    _print_hint(
-        "the last line of yours above raised it; print the shapes of what that "
-        "line passes on."
-    )
-
-
-def _name_of(fn, default: str) -> str:
-    """``fn.__name__``, or the template ``default`` translated when it has none."""
-    name = getattr(fn, "__name__", None)
-    return gettext(default) if name is None else name
-
-
-def _print_hint(hint: str) -> None:
-    """Print "Hint: ..." for the template ``hint``, in the learner's language."""
-    print(gettext("Hint: {hint}").format(hint=gettext(hint)))
 
 
 def public_test(check: Callable[..., bool], fn: Callable) -> bool:
@@ -225,7 +127,7 @@ def public_test(check: Callable[..., bool], fn: Callable) -> bool:
         except CheckError:
             return True  # implemented, shapes right; the values are graded hidden
         except NotImplementedError:
-            name = _name_of(fn, N_("the function"))
+            name = name_of(fn, N_("the function"))
             raise AssertionError(
                 gettext(
                     "not attempted yet: {name} still raises NotImplementedError"

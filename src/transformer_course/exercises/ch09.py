@@ -172,6 +172,7 @@ def check_neighbour_agreement(fn: Callable[[Tensor, Tensor], float]) -> bool:
         want = _loop_agreement(emb, ref_)
         if math.isclose(got, want, abs_tol=1e-6):
             continue
+        fields = {"name": gettext(name), "got": got, "want": want}
         for factor, what in (
             (len(emb), N_("a count of rows")),
             (100, N_("a percentage")),
@@ -181,10 +182,8 @@ def check_neighbour_agreement(fn: Callable[[Tensor, Tensor], float]) -> bool:
                     "{name}: got {got:.3f}, expected {want:.3f}: that is {what}, not a "
                     "share",
                     "return the fraction of rows that agree, a number between 0 and 1.",
-                    name=gettext(name),
-                    got=got,
-                    want=want,
                     what=gettext(what),
+                    **fields,
                 )
         if emb is apart_noisy:
             fail(
@@ -192,43 +191,34 @@ def check_neighbour_agreement(fn: Callable[[Tensor, Tensor], float]) -> bool:
                 "with every other row are negative, was matched to itself",
                 "a row's similarity with itself must lose against every other row: "
                 "what value does the diagonal need for that, whatever the cosines?",
-                name=gettext(name),
-                got=got,
-                want=want,
+                **fields,
             )
         if math.isclose(got, 1.0) and emb is not ref:
             fail(
                 "{name}: got 1.0, expected {want:.3f}",
                 "what is the cosine similarity of a row with itself, and should a "
                 "row be its own neighbour?",
-                name=gettext(name),
-                want=want,
+                **fields,
             )
-        if name == "rescaled rows":
+        if emb is scaled:
             fail(
                 "{name}: got {got:.3f}, expected {want:.3f}",
                 "rescaling a row does not change its direction: which similarity "
                 "ignores the length of the vectors?",
-                name=gettext(name),
-                got=got,
-                want=want,
+                **fields,
             )
         if math.isclose(got, _farthest_agreement(emb, ref_), abs_tol=1e-6):
             fail(
                 "{name}: got {got:.3f}, expected {want:.3f}: that is the agreement "
                 "of the least similar rows",
                 "a neighbour is the row with the largest cosine similarity.",
-                name=gettext(name),
-                got=got,
-                want=want,
+                **fields,
             )
         fail(
             "{name}: got {got:.3f}, expected {want:.3f}",
             "find each row's most similar other row under emb and under ref, then "
             "count the rows where the two agree.",
-            name=gettext(name),
-            got=got,
-            want=want,
+            **fields,
         )
     return passed("nearest-neighbour agreement matches on three cases")
 
@@ -275,6 +265,7 @@ def check_soft_target_loss(fn: Callable[[Tensor, Tensor, float], Tensor]) -> boo
         got, want = float(got), _hand_soft_loss(s, t, T)
         if math.isclose(got, want, rel_tol=1e-4):
             continue
+        fields = {"T": T, "got": got, "want": want}
         if math.isclose(
             got, _hand_soft_loss(s, t, T, soften_teacher=False), rel_tol=1e-4
         ):
@@ -282,29 +273,21 @@ def check_soft_target_loss(fn: Callable[[Tensor, Tensor, float], Tensor]) -> boo
                 "T = {T}: got {got:.4f}, expected {want:.4f}: the teacher is not "
                 "softened",
                 "which of the two distributions does T act on here?",
-                T=T,
-                got=got,
-                want=want,
+                **fields,
             )
         if math.isclose(got, _hand_soft_loss(t, s, T), rel_tol=1e-4):
             fail(
                 "T = {T}: got {got:.4f}, expected {want:.4f}: KL arguments swapped",
                 "KL is not symmetric: whose distribution is the expectation over?",
-                T=T,
-                got=got,
-                want=want,
+                **fields,
             )
         if math.isclose(got * T * T, want, rel_tol=1e-4):
             fail(
                 "T = {T}: got {got:.4f}, expected {want:.4f}: T^2 is missing",
                 "the gradient shrinks like 1 / T^2; what undoes that in the loss?",
-                T=T,
-                got=got,
-                want=want,
+                **fields,
             )
-        value = gettext("T = {T}: got {got:.4f}, expected {want:.4f}").format(
-            T=T, got=got, want=want
-        )
+        value = gettext("T = {T}: got {got:.4f}, expected {want:.4f}").format(**fields)
         p_t = torch.softmax(t.double() / T, -1)
         log_q = torch.log_softmax(s.double() / T, -1)
         entropy = -(p_t * p_t.log()).sum(-1).mean().item()
@@ -356,9 +339,7 @@ def check_soft_target_loss(fn: Callable[[Tensor, Tensor, float], Tensor]) -> boo
         fail(
             "T = {T}: got {got:.4f}, expected {want:.4f}",
             "at T = 1 compare with the KL divergence of the two plain softmaxes.",
-            T=T,
-            got=got,
-            want=want,
+            **fields,
         )
     s, t = torch.randn(2, 3, generator=gen), torch.tensor([[0.0, 60.0, 120.0]] * 2)
     got, want = fn(s, t, 1.0), _hand_soft_loss(s, t, 1.0)
