@@ -8,6 +8,7 @@ when the learner's language is "zh"."""
 from __future__ import annotations
 
 import ast
+import re
 import string
 
 import exercise_messages  # tools/, on pytest's pythonpath
@@ -385,7 +386,7 @@ CHAPTERS = [
     (check_rotary_half, lambda x, positions: x.clone(), "什么都没有旋转"),
     (check_causal_mask, P.causal_mask_top_left, "左上角对齐"),
     (check_noam_lr, lambda s, d, w: d**0.5 * min(s**-0.5, s * w**-1.5), "指数反了"),
-    (check_repeat_kv, lambda x, n: x.repeat(1, n, 1, 1), "整组头被平铺复制了"),
+    (check_repeat_kv, lambda x, n: x.repeat(1, n, 1, 1), "整组头被整体重复了"),
     (check_patchify, lambda x, p: x.view(x.shape[0], -1, 3 * p * p), "内存顺序"),
     (check_mean_pool, lambda hidden, mask: hidden.mean(1), "填充的词元也被平均"),
     (check_gqa_cache_bytes, lambda *sizes: 0, "字节，得到 0"),
@@ -446,3 +447,59 @@ def test_english_is_the_default_and_passes_say_passed(capsys, monkeypatch):
         assert capsys.readouterr().out.startswith("通过：因果掩码正确")
     finally:
         set_language(None)
+
+
+# the glossary terms of book/zh/glossary.yml that the messages use (code names aside)
+TERMS = {
+    "query|queries": "查询",
+    "keys?": "键",
+    "values?": "值",
+    "mask|masks|masked": "掩码",
+    "padding|padded": "填充",
+    "tokens?": "词元",
+    "batch": "批量",
+    "loss": "损失",
+    "heads?": "头",
+    "gradients?": "梯度",
+    "patch|patches": "图像块",
+    "embeddings?": "嵌入",
+    "teacher": "教师",
+    "student": "学生",
+    "encoder": "编码器",
+    "decoder": "解码器",
+}
+REJECTED = (
+    "令牌",
+    "遮罩",
+    "蒙版",
+    "批次",
+    "补齐",
+    "词汇表",
+    "习题",
+    "层归一化",
+    "平铺",
+)
+
+
+def _glossary_problems(en: str, zh: str) -> list[str]:
+    """Terms of the English prose (code, placeholders and calls removed) whose
+    Chinese term is missing from the translation, and rejected variants it uses."""
+    prose = re.sub(r"`[^`]*`|\{[^}]*\}|~\w+|@ *\w+|\b\w+ = ", " ", en)
+    while re.search(r"\w+\([^()]*\)", prose):
+        prose = re.sub(r"\w+\([^()]*\)", " ", prose)
+    missing = [
+        term
+        for words, term in TERMS.items()
+        if re.search(rf"(?<![\w.\[=_/-])(?:{words})(?![\w(_=\[-])", prose)
+        and term not in zh
+    ]
+    return missing + [r for r in REJECTED if r in zh]
+
+
+def test_messages_follow_the_glossary(catalog):
+    problems = {
+        en: p for en, zh in catalog.items() if (p := _glossary_problems(en, zh))
+    }
+    assert problems == {}
+    assert _glossary_problems("the mask is inverted", "遮罩反了") == ["掩码", "遮罩"]
+    assert _glossary_problems("pad the batch", "填充批次") == ["批量", "批次"]
