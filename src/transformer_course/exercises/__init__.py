@@ -7,6 +7,11 @@ the mistake with a hint that does not give the answer away. It prints
 (``check.strict(fn)`` raises ``CheckError`` instead). An untouched stub prints
 "not attempted yet".
 
+Messages come in English or Chinese: ``set_language("zh")`` (or the environment
+variable ``TRANSFORMER_COURSE_LANG=zh``, which the Chinese notebooks' install cell sets)
+switches them; ``_language`` and the catalog ``locale/zh/LC_MESSAGES/exercises.po`` hold
+the translations.
+
 - ``ch01`` ... ``ch10``: the checks of each chapter;
 - ``pitfalls``: the known-wrong functions the checks recognise;
 - ``_method``: how an answer computes (a call into the library's own version, a loop
@@ -23,6 +28,7 @@ from transformer_course.exercises._common import (
     exercise_check,
     public_test,
 )
+from transformer_course.exercises._language import get_language, set_language
 from transformer_course.exercises.ch01 import (
     check_dot_product_attention,
     check_encoder_attention,
@@ -123,5 +129,7 @@ __all__ = [
     "check_teacher_forcing_loss",
     "check_unpermute_rows",
     "exercise_check",
+    "get_language",
     "public_test",
+    "set_language",
 ]

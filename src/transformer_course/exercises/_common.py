@@ -6,7 +6,9 @@ through ``fail`` when something is wrong; the decorator turns that into two prin
 ("✗ message" and "Hint: ...") and a return value of False, so a learner sees what is
 wrong and not a traceback through this package. ``check.strict(fn)`` runs the same check
 but lets ``CheckError`` (and the stub's ``NotImplementedError``) propagate: tests and
-``public_test`` use it.
+``public_test`` use it. A message and its hint are English templates: ``fail`` and
+``passed`` translate them into the learner's language (``_language``), then fill in
+their ``{placeholders}``; a crash in the learner's code is reported by ``_crash``.
 """
 
 from __future__ import annotations
@@ -14,12 +16,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
-import os
-import sysconfig
-import traceback
 from collections.abc import Callable, Sequence
 
 import torch
+
+from transformer_course.exercises._crash import (  # hide_frames: for the grader
+    hide_frames,  # noqa: F401
+    name_of,
+    report_crash,
+)
+from transformer_course.exercises._language import N_, gettext
 
 Tensor = torch.Tensor
 
@@ -28,7 +34,10 @@ class CheckError(AssertionError):
     """A self-check failed; ``message`` says what is wrong and ``hint`` how to look."""
 
     def __init__(self, message: str, hint: str | None = None):
-        super().__init__(message + (f"\nHint: {hint}" if hint else ""))
+        shown = message + (
+            "\n" + gettext("Hint: {hint}").format(hint=hint) if hint else ""
+        )
+        super().__init__(shown)
         self.message, self.hint = message, hint
 
 
@@ -36,13 +45,24 @@ class ShapeError(CheckError):
     """The learner's result has the wrong type, number of dimensions or shape."""
 
 
-def fail(message: str, hint: str | None = None, *, kind: type[CheckError] = CheckError):
-    """Raise ``kind(message, hint)``: the check stops here."""
-    raise kind(message, hint)
+def fail(
+    message: str,
+    hint: str | None = None,
+    /,
+    *,
+    kind: type[CheckError] = CheckError,
+    **fields,
+):
+    """Raise ``kind(message, hint)``: the check stops here. ``message`` and ``hint``
+    are English templates (msgids of the catalog, never formatted yet): translated
+    into the learner's language, then formatted with ``fields``."""
+    hint = None if hint is None else gettext(hint).format(**fields)
+    raise kind(gettext(message).format(**fields), hint)
 
 
-def passed(what: str) -> bool:
-    print(f"passed: {what}")
+def passed(what: str, /, **fields) -> bool:
+    """Print "passed: ..." (``what``, a template as in ``fail``) and return True."""
+    print(gettext("passed: {what}").format(what=gettext(what).format(**fields)))
     return True
 
 
@@ -64,102 +84,28 @@ def exercise_check(check: Callable[..., bool]) -> Callable[..., bool]:
         try:
             return check(fn, *args, **kwargs)
         except NotImplementedError:
-            name = getattr(fn, "__name__", "your function")
+            name = name_of(fn, N_("your function"))
             print(
-                f"not attempted yet: {name} raises NotImplementedError; "
-                "write its body and run this cell again."
+                gettext(
+                    "not attempted yet: {name} raises NotImplementedError; "
+                    "write its body and run this cell again."
+                ).format(name=name)
             )
             return False
         except CheckError as err:
-            print(f"✗ {err.message}" + (f"\nHint: {err.hint}" if err.hint else ""))
+            hint = (
+                "\n" + gettext("Hint: {hint}").format(hint=err.hint) if err.hint else ""
+            )
+            print(f"✗ {err.message}{hint}")
             return False
         except TimeoutError:
             raise  # a time limit set by the grader, not a mistake to explain
         except Exception as err:  # noqa: BLE001 (the learner's code raised)
-            _report_crash(fn, err)
+            report_crash(fn, err)
             return False
 
     wrapped.strict = check
     return wrapped
-
-
-_PACKAGE = os.path.dirname(os.path.abspath(__file__))
-_LIBRARIES = tuple(
-    os.path.abspath(p) + os.sep
-    for p in {
-        *(sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")),
-        os.path.dirname(_PACKAGE),  # transformer_course itself
-        os.path.dirname(torch.__file__),
-    }
-)
-
-
-def _is_learners(filename: str) -> bool:
-    """A frame of the learner's own code: not this package, not an installed library
-    (torch, the standard library, transformer_course), not the instructor's grader."""
-    path = os.path.abspath(filename)
-    return not (
-        path.startswith(_LIBRARIES)
-        or filename.startswith("<frozen")
-        or f"{os.sep}course_grading{os.sep}" in path
-    )
-
-
-_FRAMES = {"shown": True}  # False in the grader's re-check (``hide_frames``)
-
-
-def hide_frames() -> None:
-    """Crash reports in this process show no traceback frames. For the grader's
-    isolated re-check, where the learner's function runs in another process: the only
-    frames here are the grader's own proxy (and its paths), which a student's feedback
-    must not show."""
-    _FRAMES["shown"] = False
-
-
-def _report_crash(fn, err: Exception) -> None:
-    """Print the error, the learner's own frames (the last 3) and, when the error was
-    raised deeper, inside PyTorch or the library, where that was."""
-    frames = [
-        f
-        for f in traceback.extract_tb(err.__traceback__)
-        if _FRAMES["shown"] and not os.path.abspath(f.filename).startswith(_PACKAGE)
-    ]
-    own = [i for i, f in enumerate(frames) if _is_learners(f.filename)]
-    name = getattr(fn, "__name__", "your function")
-    print(f"✗ {name} raised {type(err).__name__}: {err}")
-    if not frames:  # the grader's re-check: its own frames are not the learner's
-        if isinstance(err, NameError):
-            print(
-                "Hint: check the spelling of every name, and that the cell defining it "
-                "ran (the function must keep the name the exercise gives it)."
-            )
-        else:
-            print(
-                "Hint: run this exercise's check in your notebook: it shows the line of "
-                "your code that raised."
-            )
-        return
-    if not own:  # a library function given as the answer, or the grader's proxy
-        shown = [
-            f for f in frames if f"{os.sep}course_grading{os.sep}" not in f.filename
-        ]
-        if shown:
-            print("".join(traceback.format_list(shown[-3:])).rstrip())
-        print("Hint: print the shapes and types of the inputs your function receives.")
-        return
-    print("".join(traceback.format_list([frames[i] for i in own[-3:]])).rstrip())
-    deeper = frames[own[-1] + 1 :]
-    if deeper:
-        where = deeper[-1]
-        library = "PyTorch" if "torch" in where.filename else "a library"
-        print(
-            f"  (raised inside {library}: {os.path.basename(where.filename)}, "
-            f"in {where.name}, called from your line above)"
-        )
-    print(
-        "Hint: the last line of yours above raised it; print the shapes of what that "
-        "line passes on."
-    )
 
 
 def public_test(check: Callable[..., bool], fn: Callable) -> bool:
@@ -181,9 +127,11 @@ def public_test(check: Callable[..., bool], fn: Callable) -> bool:
         except CheckError:
             return True  # implemented, shapes right; the values are graded hidden
         except NotImplementedError:
+            name = name_of(fn, N_("the function"))
             raise AssertionError(
-                f"not attempted yet: {getattr(fn, '__name__', 'the function')} still "
-                "raises NotImplementedError"
+                gettext(
+                    "not attempted yet: {name} still raises NotImplementedError"
+                ).format(name=name)
             ) from None
     return True
 
@@ -200,26 +148,39 @@ def check_shape(x, expected: Sequence[int | None], name: str = "x") -> bool:
     """
     if not isinstance(x, Tensor):
         fail(
-            f"{name} is a {type(x).__name__}, expected a torch.Tensor",
+            "{name} is a {type}, expected a torch.Tensor",
             "return a tensor, not a list, a number or a tuple.",
             kind=ShapeError,
+            name=name,
+            type=type(x).__name__,
         )
     shape, want = tuple(x.shape), tuple(expected)
     if len(shape) != len(want):
         fail(
-            f"{name} has {len(shape)} dimensions {shape}, expected {len(want)} {want}",
+            "{name} has {n_shape} dimensions {shape}, expected {n_want} {want}",
             "compare the shape after each step with the shape asked for: an axis "
             "was added, dropped or not merged.",
             kind=ShapeError,
+            name=name,
+            n_shape=len(shape),
+            shape=shape,
+            n_want=len(want),
+            want=want,
         )
     for dim, (got, exp) in enumerate(zip(shape, want)):
         if exp is not None and got != exp:
             fail(
-                f"dimension {dim} of {name} is {got}, expected {exp} "
-                f"(shape {shape}, expected {want})",
+                "dimension {dim} of {name} is {got}, expected {exp} (shape "
+                "{shape}, expected {want})",
                 "print the shape after every step and compare it with the shape "
                 "asked for.",
                 kind=ShapeError,
+                dim=dim,
+                name=name,
+                got=got,
+                exp=exp,
+                shape=shape,
+                want=want,
             )
     return True
 
@@ -232,8 +193,10 @@ def check_close(
     rtol: float = 1e-5,
     name: str = "x",
     hint: str | None = None,
-    nan_hint: str = "a softmax over a row whose keys are all masked gives NaN; "
-    "look for a division by zero or exp of a large number.",
+    nan_hint: str = N_(
+        "a softmax over a row whose keys are all masked gives NaN; "
+        "look for a division by zero or exp of a large number."
+    ),
 ) -> bool:
     """Check that ``actual`` equals ``expected`` within ``atol + rtol * |expected|``.
 
@@ -248,18 +211,26 @@ def check_close(
     if bad.any():
         where = tuple(torch.nonzero(bad)[0].tolist())
         fail(
-            f"{name} has {int(bad.sum())} NaN/inf values, the first at index {where}",
+            "{name} has {count} NaN/inf values, the first at index {where}",
             nan_hint,
+            name=name,
+            count=int(bad.sum()),
+            where=where,
         )
     diff = (actual - expected).abs()
     tol = atol + rtol * expected.abs()
     if (diff > tol).any():
         where = tuple(torch.nonzero(diff > tol)[0].tolist())
         fail(
-            f"the values of {name} differ from the reference: max |difference| = "
-            f"{diff.max().item():.3g}; first wrong entry at index {where}: "
-            f"got {actual[where].item():.5g}, expected {expected[where].item():.5g}",
-            hint or "print a small case by hand and compare it step by step.",
+            "the values of {name} differ from the reference: max |difference| "
+            "= {diff:.3g}; first wrong entry at index {where}: got "
+            "{actual:.5g}, expected {expected:.5g}",
+            hint or N_("print a small case by hand and compare it step by step."),
+            name=name,
+            diff=diff.max().item(),
+            where=where,
+            actual=actual[where].item(),
+            expected=expected[where].item(),
         )
     return True
 
@@ -277,15 +248,16 @@ def out_and_weights(result, what: str = "(out, weights)") -> tuple[Tensor, Tenso
     """Unpack a learner's ``(out, weights)``; a clear ``ShapeError`` otherwise."""
     if isinstance(result, (tuple, list)) and len(result) == 2:
         return result[0], result[1]
-    got = (
-        f"a tuple of {len(result)}"
-        if isinstance(result, (tuple, list))
-        else f"a {type(result).__name__}"
-    )
+    if isinstance(result, (tuple, list)):
+        got = gettext("a tuple of {n}").format(n=len(result))
+    else:
+        got = gettext("a {type}").format(type=type(result).__name__)
     fail(
-        f"the function returned {got}, expected the tuple {what}",
+        "the function returned {got}, expected the tuple {what}",
         "end with `return out, weights`: the check needs both.",
         kind=ShapeError,
+        got=got,
+        what=what,
     )
 
 

@@ -81,10 +81,12 @@ def own_code(fn: Callable, *library: Callable) -> Callable:
 
 def _refuse(name: str, used: str) -> None:
     fail(
-        f"your {name} calls the library's {used}: the exercise asks you to write "
-        "that computation yourself",
+        "your {name} calls the library's {used}: the exercise asks you to "
+        "write that computation yourself",
         "the chapter imports the library version only to compare with; build the "
         "result from torch operations in your own function.",
+        name=name,
+        used=used,
     )
 
 

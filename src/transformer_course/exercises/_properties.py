@@ -16,6 +16,7 @@ from transformer_course.exercises._common import (
     first_output,
     passed,
 )
+from transformer_course.exercises._language import gettext
 
 
 def _qkv4(gen: torch.Generator, b: int, h: int, t: int, s: int, d: int):
@@ -54,14 +55,20 @@ def check_causal_leakage(fn: Callable[..., Tensor], *, name: str = "fn") -> bool
         if not torch.isfinite(diff).all() or (diff > 1e-5).any():
             pos = int(torch.nonzero(~(diff <= 1e-5))[0])
             fail(
-                f"{name}: the output at position {pos} changed by "
-                f"{diff[pos].item():.3g} when only positions {cut + 1}..{t - 1} "
-                f"changed: the future leaked into position {pos}",
+                "{name}: the output at position {pos} changed by {diff:.3g} when "
+                "only positions {first}..{last} changed: the future leaked into "
+                "position {pos}",
                 "hide the masked keys before the softmax (scores = -inf where the "
                 "mask is False); True means 'may attend'.",
+                name=name,
+                pos=pos,
+                diff=diff[pos].item(),
+                first=cut + 1,
+                last=t - 1,
             )
     return passed(
-        f"{name}: no causal leakage (outputs at or before t ignore tokens after t)"
+        "{name}: no causal leakage (outputs at or before t ignore tokens after t)",
+        name=name,
     )
 
 
@@ -88,21 +95,29 @@ def check_padding_invariance(fn: Callable[..., Tensor], *, name: str = "fn") -> 
         out = first_output(fn(qp, kp, vp, mask))
         if not torch.isfinite(out).all():
             fail(
-                f"{name}: NaN/inf in the output after appending {n_pad} padding key(s)",
+                "{name}: NaN/inf in the output after appending {n_pad} padding key(s)",
                 "no real query has all keys masked here; look for -inf - -inf or a "
                 "division by zero.",
+                name=name,
+                n_pad=n_pad,
             )
         diff = (out[..., :n, :] - base).abs().amax(dim=(0, 1, 3))
         if (diff > 1e-5).any():
             pos = int(torch.nonzero(diff > 1e-5)[0])
             fail(
-                f"{name}: the output at real position {pos} changed by "
-                f"{diff[pos].item():.3g} when {n_pad} masked padding key(s) were "
-                "appended: padding leaked into real positions",
+                "{name}: the output at real position {pos} changed by {diff:.3g} "
+                "when {n_pad} masked padding key(s) were appended: padding leaked "
+                "into real positions",
                 "a (B, 1, 1, S) mask hides key columns; apply it to the scores "
                 "before the softmax.",
+                name=name,
+                pos=pos,
+                diff=diff[pos].item(),
+                n_pad=n_pad,
             )
-    return passed(f"{name}: padding invariance (appended padding changes nothing)")
+    return passed(
+        "{name}: padding invariance (appended padding changes nothing)", name=name
+    )
 
 
 @exercise_check
@@ -124,31 +139,38 @@ def check_mask_polarity(fn: Callable[..., Tensor], *, name: str = "fn") -> bool:
     out = first_output(fn(q, k, v, mask))[0, 0]  # (T, 3): row i = weights of query i
     want = v[0, 0, allowed]
     if torch.allclose(out, want, atol=1e-5):
-        return passed(f"{name}: mask polarity (True = may attend)")
+        return passed("{name}: mask polarity (True = may attend)", name=name)
     if torch.allclose(out, (1 - want) / (t - 1), atol=1e-5):
         fail(
-            f"{name}: query 0 may attend only key 2, yet its output is "
-            f"{[round(x, 3) for x in out[0].tolist()]}: it attended to every key "
-            "except the allowed one. The mask polarity is inverted",
+            "{name}: query 0 may attend only key 2, yet its output is {out}: "
+            "it attended to every key except the allowed one. The mask "
+            "polarity is inverted",
             "here True = may attend; nn.MultiheadAttention uses True = blocked "
             "(pitfall P3). Fill the scores where ~mask.",
+            name=name,
+            out=[round(x, 3) for x in out[0].tolist()],
         )
     if torch.allclose(out, want / t, atol=1e-5):
         fail(
-            f"{name}: query 0 may attend only key 2, yet that key's weight is "
-            f"{out[0, 2].item():.3f}, not 1: the mask was applied after the softmax, "
-            "so the hidden keys still took their share of the denominator",
+            "{name}: query 0 may attend only key 2, yet that key's weight is "
+            "{out:.3f}, not 1: the mask was applied after the softmax, so the "
+            "hidden keys still took their share of the denominator",
             "hide the masked keys in the scores, before the softmax.",
+            name=name,
+            out=out[0, 2].item(),
         )
     if torch.allclose(out, torch.full_like(out, 1 / t), atol=1e-5):
         fail(
-            f"{name}: the mask had no effect: query 0 mixed all keys equally",
+            "{name}: the mask had no effect: query 0 mixed all keys equally",
             "apply the mask to the scores before the softmax.",
+            name=name,
         )
     fail(
-        f"{name}: query 0 may attend only key 2 and should output {want[0].tolist()}, "
-        f"got {[round(x, 3) for x in out[0].tolist()]}",
+        "{name}: query 0 may attend only key 2 and should output {want}, got {out}",
         "the mask is indexed [query, key]: row i says which keys query i may see.",
+        name=name,
+        want=want[0].tolist(),
+        out=[round(x, 3) for x in out[0].tolist()],
     )
 
 
@@ -168,28 +190,33 @@ def check_fully_masked_rows(fn: Callable[..., Tensor], *, name: str = "fn") -> b
     out = first_output(fn(q, k, v, mask))
     if not torch.isfinite(out).all():
         fail(
-            f"{name}: a query whose keys are all masked gives NaN (pitfall P1)",
+            "{name}: a query whose keys are all masked gives NaN (pitfall P1)",
             "softmax over only -inf is 0/0; make that row's weights exactly 0.",
+            name=name,
         )
     if out[1].abs().max() > 1e-6:
         fail(
-            f"{name}: the item whose keys are all masked has output "
-            f"[{', '.join(f'{x:.3f}' for x in out[1, 0, 0].tolist())}] (row 0), "
-            "expected 0: "
-            "filling masked scores with a large finite number makes the row uniform "
-            "(pitfall P6)",
+            "{name}: the item whose keys are all masked has output [{row}] "
+            "(row 0), expected 0: filling masked scores with a large finite "
+            "number makes the row uniform (pitfall P6)",
             "use -inf and set rows with no visible key to 0 after the softmax.",
+            name=name,
+            row=", ".join(f"{x:.3f}" for x in out[1, 0, 0].tolist()),
         )
     out[0].sum().backward()
     for arg, x in (("q", q), ("k", k), ("v", v)):
         if x.grad is not None and not torch.isfinite(x.grad).all():
             fail(
-                f"{name}: the gradient of {arg} has NaN although the loss uses only "
+                "{name}: the gradient of {arg} has NaN although the loss uses only "
                 "the unmasked item (pitfall P1: the NaN spreads through the batch)",
                 "avoid exp(-inf - -inf); guard the division by the row sum.",
+                name=name,
+                arg=arg,
             )
     alone = first_output(fn(q[:1].detach(), k[:1].detach(), v[:1].detach(), mask[:1]))
-    check_close(out[:1].detach(), alone.detach(), name="output of the unmasked item")
+    check_close(
+        out[:1].detach(), alone.detach(), name=gettext("output of the unmasked item")
+    )
     return passed(
-        f"{name}: fully masked rows give zeros, no NaN (output and gradients)"
+        "{name}: fully masked rows give zeros, no NaN (output and gradients)", name=name
     )

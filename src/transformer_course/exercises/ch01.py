@@ -22,6 +22,7 @@ from transformer_course.exercises._common import (
     passed,
     random_qkv,
 )
+from transformer_course.exercises._language import N_, gettext
 from transformer_course.exercises._method import loops_over, own_code
 
 
@@ -76,15 +77,17 @@ def check_soft_lookup(fn: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]) ->
                 "divide the scores by sqrt(d), the size of the query vector.",
             )
         wrong_scale = {
-            "divided by d, not sqrt(d)": d,
-            "divided by sqrt(d_v), the size of a value, not sqrt(d)": math.sqrt(dv),
+            N_("your scores are divided by d, not sqrt(d)"): d,
+            N_(
+                "your scores are divided by sqrt(d_v), the size of a value, not sqrt(d)"
+            ): math.sqrt(dv),
         }
-        for what, by in wrong_scale.items():
+        for message, by in wrong_scale.items():
             if by != math.sqrt(d) and close(
                 out, torch.softmax(scores / by, 0) @ values
             ):
                 fail(
-                    f"your scores are {what}",
+                    message,
                     "the scale comes from the vectors that are multiplied: query and "
                     "keys.",
                 )
@@ -161,11 +164,13 @@ def check_dot_product_attention(
             and s != dv
         ):
             fail(
-                f"the pair is swapped: the first tensor has the weights' shape {(b, t, s)}"
-                f" and the second the output's {(b, t, dv)}",
+                "the pair is swapped: the first tensor has the weights' shape "
+                "{weights_shape} and the second the output's {out_shape}",
                 "the check unpacks `out, weights = fn(q, k, v)`: return them in that "
                 "order.",
                 kind=ShapeError,
+                weights_shape=(b, t, s),
+                out_shape=(b, t, dv),
             )
         check_shape(weights, (b, t, s), "weights")
         check_shape(out, (b, t, dv), "out")
@@ -208,9 +213,13 @@ def check_dot_product_attention(
             "matrix products broadcast over leading axes: one q @ k^T handles every "
             "batch item at once.",
         )
+    if with_valid:
+        return passed(
+            "batched dot-product attention matches the reference on 3 random "
+            "inputs, and with missing keys"
+        )
     return passed(
         "batched dot-product attention matches the reference on 3 random inputs"
-        + (", and with missing keys" if with_valid else "")
     )
 
 
@@ -230,13 +239,13 @@ def _check_valid_keys(fn: Callable, gen: torch.Generator) -> None:
     for wrong, message, hint in (
         (
             plain,
-            "the missing keys got weights: valid is ignored",
-            "a missing key must get weight 0, and the others share all the weight.",
+            N_("the missing keys got weights: valid is ignored"),
+            N_("a missing key must get weight 0, and the others share all the weight."),
         ),
         (
             scaled_dot_product_attention(q, k, v, ~valid[:, None, :])[1],
-            "only the missing keys got weights: valid is read the wrong way round",
-            "True in valid marks a key that is there.",
+            N_("only the missing keys got weights: valid is read the wrong way round"),
+            N_("True in valid marks a key that is there."),
         ),
         (
             torch.softmax(
@@ -247,16 +256,16 @@ def _check_valid_keys(fn: Callable, gen: torch.Generator) -> None:
         ),
         (
             plain * valid[:, None, :],
-            (
+            N_(
                 "the missing keys' weights were set to 0 after the softmax: the "
                 "remaining weights no longer sum to 1"
             ),
-            "leave the missing keys out before normalising, not after.",
+            N_("leave the missing keys out before normalising, not after."),
         ),
     ):
         if close(weights, wrong):
             fail(message, hint)
-    check_close(weights, ref_w, atol=1e-5, name="weights (with missing keys)")
+    check_close(weights, ref_w, atol=1e-5, name=gettext("weights (with missing keys)"))
 
 
 @exercise_check

@@ -22,38 +22,39 @@ from transformer_course.exercises._common import (
     passed,
     random_qkv,
 )
+from transformer_course.exercises._language import N_, gettext
 from transformer_course.exercises._method import own_code
 
 _P3 = (
-    (
+    N_(
         "the mask is inverted: your weights sit on the keys the mask hides, and the "
         "keys it allows get 0 (pitfall P3)"
     ),
-    (
+    N_(
         "here True means 'may attend'; PyTorch's nn.MultiheadAttention uses the opposite "
         "convention."
     ),
 )
 _P1 = (
-    "a query whose keys are all masked gives NaN (pitfall P1)",
-    (
+    N_("a query whose keys are all masked gives NaN (pitfall P1)"),
+    N_(
         "softmax over a row of only -inf is 0/0: that row's weights (and output) must be "
         "0, so guard the division."
     ),
 )
 _P6 = (
-    (
+    N_(
         "a query whose keys are all masked gets a uniform row ({row}), expected zeros: "
         "a large finite fill such as -1e9 turns an empty row into an average (pitfall P6)"
     ),
-    "use -inf, so exp gives exactly 0, and guard the division for empty rows.",
+    N_("use -inf, so exp gives exactly 0, and guard the division for empty rows."),
 )
 _AFTER = (
-    (
+    N_(
         "the visible weights of a row sum to {total:.3f}, not 1: the masked keys "
         "were zeroed after the softmax, so they still count in its denominator"
     ),
-    "hide the masked keys before the softmax, in the scores.",
+    N_("hide the masked keys before the softmax, in the scores."),
 )
 
 
@@ -79,7 +80,7 @@ def _check_masked_rows(w: Tensor, scores: Tensor, mask: Tensor, empty, dim: int 
     total = seen.sum(dim)
     rows = hidden.any(dim)
     if rows.any() and (total[rows] < 1 - 1e-4).all():
-        fail(_AFTER[0].format(total=total[rows][0].item()), _AFTER[1])
+        fail(*_AFTER, total=total[rows][0].item())
     if not torch.isfinite(w[has_key]).all():
         fail(
             "NaN/inf in a row that has visible keys",
@@ -90,11 +91,12 @@ def _check_masked_rows(w: Tensor, scores: Tensor, mask: Tensor, empty, dim: int 
         fail(*_P1)
     if (row != 0).any():
         if torch.allclose(row, torch.full_like(row, 1 / row.shape[-1]), atol=1e-4):
-            fail(_P6[0].format(row=f"each weight {1 / row.shape[-1]:.3f}"), _P6[1])
+            each = gettext("each weight {weight:.3f}").format(weight=1 / row.shape[-1])
+            fail(*_P6, row=each)
         fail(
-            f"a query whose keys are all masked gets weights "
-            f"{[round(x, 3) for x in row.flatten().tolist()]}, expected zeros",
+            "a query whose keys are all masked gets weights {row}, expected zeros",
             _P6[1],
+            row=[round(x, 3) for x in row.flatten().tolist()],
         )
 
 
@@ -118,7 +120,7 @@ def check_stable_softmax(fn: Callable[..., Tensor]) -> bool:
     w = fn(scores)
     check_shape(w, scores.shape, "weights")
     if not close(w.sum(-1), torch.ones(2, 3)):
-        hint = "normalise along dim: exp(s) / exp(s).sum(dim=dim, keepdim=True)."
+        hint = N_("normalise along dim: exp(s) / exp(s).sum(dim=dim, keepdim=True).")
         if close(w.sum(-2), torch.ones(2, 5)):
             fail(
                 "each column (dim=-2) sums to 1, not each row: the softmax ran over "
@@ -132,16 +134,17 @@ def check_stable_softmax(fn: Callable[..., Tensor]) -> bool:
         w = fn(keys_first, dim=-2)
     except TypeError as err:
         fail(
-            f"fn(scores, dim=-2) raised TypeError: {err}",
+            "fn(scores, dim=-2) raised TypeError: {err}",
             "the signature is my_softmax(scores, mask=None, dim=-1).",
+            err=err,
         )
-    check_shape(w, keys_first.shape, "weights for dim=-2")
+    check_shape(w, keys_first.shape, gettext("weights for dim=-2"))
     if close(w, torch.softmax(keys_first, -1)):
         fail(
             "fn(scores, dim=-2) normalised the last axis: the dim argument was ignored",
             "use dim in every reduction (max, sum), with keepdim=True.",
         )
-    check_close(w, torch.softmax(keys_first, -2), name="weights for dim=-2")
+    check_close(w, torch.softmax(keys_first, -2), name=gettext("weights for dim=-2"))
     big = scores * 10 + 1000.0  # exp(1000) overflows float32
     w = fn(big)
     if not torch.isfinite(w).all():
@@ -150,21 +153,21 @@ def check_stable_softmax(fn: Callable[..., Tensor]) -> bool:
             "softmax does not change when a constant is subtracted from a row; "
             "choose the constant so that exp never sees a large number.",
         )
-    check_close(w, torch.softmax(big, -1), name="weights for large scores")
+    check_close(w, torch.softmax(big, -1), name=gettext("weights for large scores"))
     mask = torch.rand(2, 3, 5, generator=gen) > 0.4
     mask[:, :, 0] = True
     mask[1, 2] = False  # one row sees no key at all
     w = fn(scores, mask)
-    check_shape(w, scores.shape, "masked weights")
+    check_shape(w, scores.shape, gettext("masked weights"))
     _check_masked_rows(w, scores, mask, (1, 2))
-    check_close(w, masked_softmax(scores, mask), name="masked weights")
+    check_close(w, masked_softmax(scores, mask), name=gettext("masked weights"))
     w = fn(keys_first, mask.transpose(-2, -1), dim=-2)
-    check_shape(w, keys_first.shape, "masked weights for dim=-2")
+    check_shape(w, keys_first.shape, gettext("masked weights for dim=-2"))
     _check_masked_rows(w, keys_first, mask.transpose(-2, -1), (1, slice(None), 2), -2)
     check_close(
         w,
         masked_softmax(scores, mask).transpose(-2, -1),
-        name="masked weights for dim=-2",
+        name=gettext("masked weights for dim=-2"),
     )
     return passed("stable masked softmax: any axis, large scores, masks and empty rows")
 
@@ -173,7 +176,7 @@ def _diagnose_attention(fn, q, k, v, w, ref_w, mask=None):
     """Name the mistake behind weights that differ from the reference."""
     sums = w.sum(-1)
     if not close(sums, torch.ones_like(sums)) and mask is None:
-        hint = "each query's weights are normalised over the keys, the last axis."
+        hint = N_("each query's weights are normalised over the keys, the last axis.")
         if close(w.sum(0), torch.ones_like(w[0])):
             fail(
                 "the weights of one query position sum to 1 across the batch: the "
@@ -187,9 +190,9 @@ def _diagnose_attention(fn, q, k, v, w, ref_w, mask=None):
                 hint,
             )
         fail(
-            f"the weights of a query sum to {sums.flatten()[0].item():.3f} over the "
-            "keys, expected 1",
+            "the weights of a query sum to {sums:.3f} over the keys, expected 1",
             hint,
+            sums=sums.flatten()[0].item(),
         )
     if close(w, torch.full_like(w, 1 / w.shape[-1])) and not close(w, ref_w):
         fail(
@@ -199,13 +202,16 @@ def _diagnose_attention(fn, q, k, v, w, ref_w, mask=None):
     for wrong, message, hint in (
         (
             pitfalls.attention_unscaled,
-            "your weights are softmax(q k^T) without the 1/sqrt(d_k) scale (pitfall P12)",
-            "the scores need one more factor before the softmax; see 'Why divide'.",
+            N_(
+                "your weights are softmax(q k^T) without the 1/sqrt(d_k) scale "
+                "(pitfall P12)"
+            ),
+            N_("the scores need one more factor before the softmax; see 'Why divide'."),
         ),
         (
             pitfalls.attention_scaled_by_d_k,
-            "your weights are too flat: the scores were divided by d_k",
-            "the variance of q . k is d_k: divide by its standard deviation.",
+            N_("your weights are too flat: the scores were divided by d_k"),
+            N_("the variance of q . k is d_k: divide by its standard deviation."),
         ),
     ):
         if close(w, wrong(q, k, v, mask)[1]) and not close(w, ref_w):
@@ -257,15 +263,15 @@ def check_masked_attention(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
         ]
     )  # (T, S): last query sees nothing
     out, w = out_and_weights(fn(q, k, v, mask))
-    check_shape(w, (2, 3, 4), "masked weights")
+    check_shape(w, (2, 3, 4), gettext("masked weights"))
     ref_out, ref_w = scaled_dot_product_attention(q, k, v, mask)
     scores = q @ k.transpose(-2, -1) / math.sqrt(8)
     _check_masked_rows(w, scores, mask, (slice(None), 2))
-    check_close(w, ref_w, name="masked weights")
+    check_close(w, ref_w, name=gettext("masked weights"))
     check_close(
         out,
         ref_out,
-        name="masked out",
+        name=gettext("masked out"),
         hint="the weights are right: out = weights @ v.",
     )
     return passed("scaled, masked attention matches the library on 4 inputs")

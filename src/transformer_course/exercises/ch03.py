@@ -21,6 +21,7 @@ from transformer_course.exercises._common import (
     out_and_weights,
     passed,
 )
+from transformer_course.exercises._language import N_, gettext
 
 # (B, T, D, H) with B, T, H and d_k = D / H all different
 _SIZES = ((2, 3, 20, 4), (3, 5, 12, 2), (1, 2, 24, 3))
@@ -28,22 +29,24 @@ _SIZES = ((2, 3, 20, 4), (3, 5, 12, 2), (1, 2, 24, 3))
 _SPLIT_MISTAKES = (
     (
         pitfalls.split_heads_view_only,
-        (
+        N_(
             "head 0 holds all the features of the first tokens: the features were cut into "
             "(H, T, d_k) blocks of memory, not per token (pitfall P8)"
         ),
-        (
+        N_(
             "cut each token's feature axis into (H, d_k) first; only then move the head "
             "axis."
         ),
     ),
     (
         pitfalls.split_heads_interleaved,
-        (
+        N_(
             "head 0 holds every H-th feature instead of one contiguous slice of d_k "
             "features"
         ),
-        "head h owns features h*d_k to (h+1)*d_k: the head index is the slower one.",
+        N_(
+            "head h owns features h*d_k to (h+1)*d_k: the head index is the slower one."
+        ),
     ),
 )
 
@@ -57,15 +60,17 @@ def _diagnose_split(heads, x: Tensor, h: int, name: str) -> None:
     b, t, d = x.shape
     if isinstance(heads, Tensor) and tuple(heads.shape) == (b, t, h, d // h):
         fail(
-            f"{name} has shape (B, T, H, d_k) = {tuple(heads.shape)}: axis 1 still "
+            "{name} has shape (B, T, H, d_k) = {heads_shape}: axis 1 still "
             "runs over the tokens",
             "the heads must come before the tokens: (B, H, T, d_k).",
             kind=ShapeError,
+            name=name,
+            heads_shape=tuple(heads.shape),
         )
     check_shape(heads, (b, h, t, d // h), name)
     for wrong, message, hint in _SPLIT_MISTAKES:
         if torch.equal(heads, wrong(x, h)):
-            fail(f"{name}: {message}", hint)
+            fail("{name}: {message}", hint, name=name, message=gettext(message))
     check_close(heads, _split_reference(x, h), name=name)
 
 
@@ -113,15 +118,18 @@ def check_split_qkv(fn: Callable[[Tensor, int], tuple]) -> bool:
                 for other, wrong in zip("qkv", parts):
                     if other != name and torch.equal(got, _split_reference(wrong, h)):
                         fail(
-                            f"your {name} holds the features of {other}",
+                            "your {name} holds the features of {other}",
                             "the fused features are [q | k | v], in that order.",
+                            name=name,
+                            other=other,
                         )
                 if torch.equal(got, per_head["qkv".index(name)]):
                     fail(
-                        f"your {name} was cut out of each head's slice: the features "
-                        "were read as [q_0 k_0 v_0 | q_1 k_1 v_1 | ...]",
+                        "your {name} was cut out of each head's slice: the features were "
+                        "read as [q_0 k_0 v_0 | q_1 k_1 v_1 | ...]",
                         "here the fused features are [all of q | all of k | all of "
                         "v]: separate q, k, v before splitting into heads.",
+                        name=name,
                     )
             _diagnose_split(got, part, h, name)
     return passed("fused projection split into q, k, v heads on 3 inputs")
@@ -130,22 +138,22 @@ def check_split_qkv(fn: Callable[[Tensor, int], tuple]) -> bool:
 _MERGE_MISTAKES = (
     (
         pitfalls.merge_heads_no_transpose,
-        (
+        N_(
             "token 0 of the result holds head 0's tokens 0, 1, ...: (B, H, T, d_k) was "
             "reshaped straight to (B, T, H*d_k) (pitfall P9)"
         ),
-        (
+        N_(
             "a reshape reads memory in order: put the axes in the order of the result "
             "first (and mind pitfall P10)."
         ),
     ),
     (
         pitfalls.merge_heads_interleaved,
-        (
+        N_(
             "each token's features alternate between heads: the concatenation runs "
             "feature by feature, (d_k, H), instead of head by head, (H, d_k)"
         ),
-        "token t must read [head 0 of t | head 1 of t | ...].",
+        N_("token t must read [head 0 of t | head 1 of t | ...]."),
     ),
 )
 
@@ -165,10 +173,11 @@ def check_merge_heads(fn: Callable[[Tensor], Tensor]) -> bool:
         merged = fn(heads)
         if isinstance(merged, Tensor) and tuple(merged.shape) == (b, t, h, d // h):
             fail(
-                f"merged has shape (B, T, H, d_k) = {tuple(merged.shape)}: the "
-                "heads were moved but not concatenated",
+                "merged has shape (B, T, H, d_k) = {merged_shape}: the heads were "
+                "moved but not concatenated",
                 "the last two axes must become one of size H * d_k.",
                 kind=ShapeError,
+                merged_shape=tuple(merged.shape),
             )
         check_shape(merged, (b, t, d), "merged")
         for wrong, message, hint in _MERGE_MISTAKES:
@@ -200,9 +209,10 @@ def check_merge_folded_heads(fn: Callable[[Tensor, int], Tensor]) -> bool:
             continue
         if torch.equal(merged, pitfalls.merge_folded_heads_buggy(folded, h)):
             fail(
-                f"with a batch of {b} the tokens of different batch items end up "
-                "in one row: the batch axis was folded into the token axis",
+                "with a batch of {b} the tokens of different batch items end up in "
+                "one row: the batch axis was folded into the token axis",
                 "split the first axis back into (B, H) before anything else.",
+                b=b,
             )
         if torch.equal(
             merged, folded.view(h, b, t, dk).permute(1, 2, 0, 3).reshape(b, t, d)
@@ -226,45 +236,51 @@ def check_merge_folded_heads(fn: Callable[[Tensor, int], Tensor]) -> bool:
 _MHA_MISTAKES = (
     (
         pitfalls.multi_head_x_at_w,
-        (
+        N_(
             "your projections compute x @ w; the weights are stored (out, in), as in "
             "nn.Linear"
         ),
-        (
+        N_(
             "the paper writes Q W^Q with W^Q of shape (in, out); here you hold its "
             "transpose."
         ),
     ),
     (
         pitfalls.multi_head_split_view_only,
-        (
+        N_(
             "the heads were split with view(B, H, T, d_k): each head sees features of "
             "several tokens (pitfall P8)"
         ),
-        "run your split on a small arange tensor and look at head 0.",
+        N_("run your split on a small arange tensor and look at head 0."),
     ),
     (
         pitfalls.multi_head_merge_no_transpose,
-        (
+        N_(
             "the weights are right but the heads were merged with a straight reshape: "
             "tokens mixed (pitfall P9)"
         ),
-        "run your merge on a small arange tensor and look at token 0.",
+        N_("run your merge on a small arange tensor and look at token 0."),
     ),
     (
         pitfalls.multi_head_inverted_mask,
-        "the mask is inverted: the weights sit on the keys the mask hides (pitfall P3)",
-        "here True means 'may attend', the opposite of nn.MultiheadAttention.",
+        N_(
+            "the mask is inverted: the weights sit on the keys the mask hides (pitfall P3)"
+        ),
+        N_("here True means 'may attend', the opposite of nn.MultiheadAttention."),
     ),
     (
         pitfalls.multi_head_scaled_by_d_model,
-        "the scores were divided by sqrt(d_model): each head's scores use its own d_k",
-        "the scale belongs to one head's dot product.",
+        N_(
+            "the scores were divided by sqrt(d_model): each head's scores use its own d_k"
+        ),
+        N_("the scale belongs to one head's dot product."),
     ),
     (
         pitfalls.multi_head_no_out_proj,
-        "out is the concatenation of the heads: the output projection w_o is missing",
-        "the last step mixes the heads with one more projection.",
+        N_(
+            "out is the concatenation of the heads: the output projection w_o is missing"
+        ),
+        N_("the last step mixes the heads with one more projection."),
     ),
 )
 

@@ -53,10 +53,13 @@ def check_sinusoidal_encoding(fn: Callable[[Tensor, int], Tensor]) -> bool:
             raise  # the stub: "not attempted yet"
         except (RuntimeError, IndexError, ValueError) as err:
             fail(
-                f"fn(positions, {d}) raised {type(err).__name__}: {err}",
+                "fn(positions, {d}) raised {type}: {err}",
                 "with an odd d_model there is one more sine column than cosine columns "
                 "(pitfall P15): fill pe[:, 0::2] and pe[:, 1::2] with angles sliced "
                 "to their own widths.",
+                d=d,
+                type=type(err).__name__,
+                err=err,
             )
         name = f"fn({_short(positions)}, {d})"
         check_shape(out, (max_len, d), name)
@@ -67,9 +70,11 @@ def check_sinusoidal_encoding(fn: Callable[[Tensor, int], Tensor]) -> bool:
             continue
         if torch.allclose(out, table[:max_len], atol=1e-5):
             fail(
-                f"{name}: your rows are those of positions 0..{max_len - 1}: the "
+                "{name}: your rows are those of positions 0..{last}: the "
                 "positions argument is ignored",
                 "row t is the encoding of position positions[t].",
+                name=name,
+                last=max_len - 1,
             )
         pos = positions.double()[:, None]
         if d % 2 == 0:
@@ -96,9 +101,10 @@ def check_sinusoidal_encoding(fn: Callable[[Tensor, int], Tensor]) -> bool:
                 )
             if torch.allclose(out, table[positions + 1], atol=1e-5):
                 fail(
-                    f"{name}: row t holds position positions[t] + 1: your positions "
-                    "are off by one",
+                    "{name}: row t holds position positions[t] + 1: your positions are "
+                    "off by one",
                     "position 0's row is sin 0, cos 0, ... = 0, 1, 0, 1, ...",
+                    name=name,
                 )
             grows = pos * 10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
             if torch.allclose(out[:, 0::2], grows.sin(), atol=1e-5):
@@ -124,7 +130,7 @@ def _short(positions: Tensor) -> str:
 def check_rotary_half(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
     """Chapter 4, exercise "rotary, half layout": ``fn(x, positions)`` with x
     (..., T, d), d even, and integer positions (T,) must rotate the pair
-    (x_i, x_{i + d/2}) by positions * 10000^(-2i / d).
+    (x_i, x_{{i + d/2}}) by positions * 10000^(-2i / d).
 
     Raises:
         CheckError: naming the interleaved pairing, a reversed rotation, no rotation,
@@ -147,7 +153,7 @@ def check_rotary_half(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
             fail(
                 "you rotated neighbouring pairs (x0, x1), (x2, x3): the interleaved "
                 "layout",
-                "this exercise pairs x_i with x_{i + d/2}: split x into two halves.",
+                "this exercise pairs x_i with x_{{i + d/2}}: split x into two halves.",
             )
         if torch.allclose(out, apply_rotary(x, -positions, layout="half"), atol=1e-5):
             fail(
@@ -158,16 +164,18 @@ def check_rotary_half(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
         if torch.allclose(out, x, atol=1e-6):
             fail(
                 "the output equals the input: nothing was rotated",
-                "every pair (x_i, x_{i + d/2}) turns by its own angle; build the cos "
+                "every pair (x_i, x_{{i + d/2}}) turns by its own angle; build the cos "
                 "and sin of those angles and mix the two halves with them.",
             )
         if offset and torch.allclose(
             out, apply_rotary(x, positions - offset, layout="half"), atol=1e-5
         ):
             fail(
-                f"with positions {positions.tolist()} your output is the rotation "
-                f"for positions 0..{shape[-2] - 1}: the positions argument is ignored",
+                "with positions {positions} your output is the rotation for "
+                "positions 0..{last}: the positions argument is ignored",
                 "the angle of row t comes from positions[t], not from t.",
+                positions=positions.tolist(),
+                last=shape[-2] - 1,
             )
         half = shape[-1] // 2
         theta = 10000.0 ** (-torch.arange(half, dtype=torch.float64) / shape[-1])
@@ -214,11 +222,12 @@ def check_new_token_positions(fn: Callable[[Tensor, int], Tensor]) -> bool:
         check_shape(out, (keep.shape[0], n_new), "positions")
         if out.dtype.is_floating_point or out.dtype == torch.bool:
             fail(
-                f"the positions have dtype {out.dtype}, expected an integer dtype "
+                "the positions have dtype {out_dtype}, expected an integer dtype "
                 "(torch.long)",
                 "positions index a table (a learned position embedding, a cache of "
                 "cos and sin): a float cannot index. Count with integers.",
                 kind=ShapeError,
+                out_dtype=out.dtype,
             )
         ref = position_ids(n_new, offset=keep.shape[1] - n_new, keep=keep)
         if torch.equal(out.long(), ref):
@@ -227,31 +236,41 @@ def check_new_token_positions(fn: Callable[[Tensor, int], Tensor]) -> bool:
         first = (counted[:, :n_new], keep.long().cumsum(-1)[:, :n_new] - 1)
         if n_new < keep.shape[1] and any(torch.equal(out.long(), f) for f in first):
             fail(
-                f"the {n_new} new token(s) got positions {out[0].tolist()}: those of "
-                f"the first {n_new} token(s) of the text, expected {ref[0].tolist()}",
+                "the {n_new} new token(s) got positions {out}: those of the first "
+                "{n_new} token(s) of the text, expected {ref}",
                 "the newest tokens are at the end of keep: which columns of your "
                 "count belong to them?",
+                n_new=n_new,
+                out=out[0].tolist(),
+                ref=ref[0].tolist(),
             )
         if torch.equal(out.long(), torch.arange(n_new).expand_as(ref)):
             fail(
-                f"the {n_new} new token(s) got positions {out[0].tolist()}: they were "
-                "numbered from 0 within the new chunk, as if the cache were empty "
-                f"(pitfall P16); expected {ref[0].tolist()}",
+                "the {n_new} new token(s) got positions {out}: they were numbered "
+                "from 0 within the new chunk, as if the cache were empty (pitfall "
+                "P16); expected {ref}",
                 "a new token's position is the number of tokens before it.",
+                n_new=n_new,
+                out=out[0].tolist(),
+                ref=ref[0].tolist(),
             )
         naive = torch.arange(keep.shape[1] - n_new, keep.shape[1]).expand_as(ref)
         if torch.equal(out.long(), naive):
             fail(
-                f"row 0 got positions {out[0].tolist()}, expected {ref[0].tolist()}: "
-                "the left padding was counted",
+                "row 0 got positions {out}, expected {ref}: the left padding was "
+                "counted",
                 "a padded slot has no position: count only the real tokens before "
                 "each new one.",
+                out=out[0].tolist(),
+                ref=ref[0].tolist(),
             )
         if torch.equal(out.long(), counted[:, -n_new:] + 1):
             fail(
-                f"positions {out.tolist()}, expected {ref.tolist()}: one too high, "
-                "the count of real tokens starts at 1",
+                "positions {out}, expected {ref}: one too high, the count of real "
+                "tokens starts at 1",
                 "the first real token is at position 0.",
+                out=out.tolist(),
+                ref=ref.tolist(),
             )
         by_batch = keep.long().cumsum(0) - 1
         padding = (~keep).long().cumsum(-1) - 1
@@ -259,14 +278,20 @@ def check_new_token_positions(fn: Callable[[Tensor, int], Tensor]) -> bool:
             out.long(), padding[:, -n_new:]
         ):
             fail(
-                f"positions {out.tolist()}, expected {ref.tolist()} (keep = "
-                f"{keep.int().tolist()}, n_new = {n_new}): you counted along the "
-                "batch axis or counted the padding",
+                "positions {out}, expected {ref} (keep = {keep}, n_new = {n_new}): "
+                "you counted along the batch axis or counted the padding",
                 "count, within each row, the real tokens (True) before each token.",
+                out=out.tolist(),
+                ref=ref.tolist(),
+                keep=keep.int().tolist(),
+                n_new=n_new,
             )
         fail(
-            f"positions {out.tolist()}, expected {ref.tolist()} "
-            f"(keep = {keep.int().tolist()}, n_new = {n_new})",
+            "positions {out}, expected {ref} (keep = {keep}, n_new = {n_new})",
             "a token's position is the number of real tokens before it in its row.",
+            out=out.tolist(),
+            ref=ref.tolist(),
+            keep=keep.int().tolist(),
+            n_new=n_new,
         )
     return passed("new tokens get their absolute positions, with and without padding")

@@ -18,6 +18,7 @@ from transformer_course.exercises._common import (
     first_output,
     passed,
 )
+from transformer_course.exercises._language import N_, gettext
 from transformer_course.exercises._properties import (
     _qkv4,
     check_causal_leakage,
@@ -29,23 +30,27 @@ from transformer_course.exercises._properties import (
 _REFERENCE_MISTAKES = (
     (
         pitfalls.attention_unscaled,
-        "the output is softmax(q k^T) v without the 1/sqrt(d_k) scale (pitfall P12)",
-        "the scores need one more factor before the softmax (chapter 2).",
+        N_(
+            "the output is softmax(q k^T) v without the 1/sqrt(d_k) scale (pitfall P12)"
+        ),
+        N_("the scores need one more factor before the softmax (chapter 2)."),
     ),
     (
         pitfalls.attention_softmax_over_queries,
-        "the softmax ran over the queries (dim=-2), not over the keys (pitfall P11)",
-        "each query's weights must sum to 1 over the keys: the last axis.",
+        N_(
+            "the softmax ran over the queries (dim=-2), not over the keys (pitfall P11)"
+        ),
+        N_("each query's weights must sum to 1 over the keys: the last axis."),
     ),
     (
         pitfalls.attention_ignores_qk,
-        "the output is a plain average of the visible values: q and k are not used",
-        "the weights come from the softmax of the scaled scores q k^T.",
+        N_("the output is a plain average of the visible values: q and k are not used"),
+        N_("the weights come from the softmax of the scaled scores q k^T."),
     ),
     (
         pitfalls.attention_scaled_by_d_k,
-        "the scores were divided by d_k instead of sqrt(d_k)",
-        "the variance of q . k is d_k: divide by its standard deviation.",
+        N_("the scores were divided by d_k instead of sqrt(d_k)"),
+        N_("the variance of q . k is d_k: divide by its standard deviation."),
     ),
 )
 
@@ -64,29 +69,32 @@ def _compare_with_reference(fn, name: str, masked: bool) -> None:
         mask = combine_masks(mask, causal_mask(t, s))
     out = first_output(fn(q, k, v, mask))
     ref = scaled_dot_product_attention(q, k, v, mask)[0]
-    check_shape(out, ref.shape, f"{name}'s output")
+    check_shape(out, ref.shape, gettext("{name}'s output").format(name=name))
     if torch.allclose(out.detach(), ref, atol=1e-5):
         return
     if not masked and (~torch.isfinite(out) | (out == 0)).all():
         fail(
-            f"{name}: with a mask that is all True (every key visible) the output "
-            "is 0 or NaN: the mask is inverted (pitfall P3)",
+            "{name}: with a mask that is all True (every key visible) the "
+            "output is 0 or NaN: the mask is inverted (pitfall P3)",
             "here True means 'may attend', the opposite of nn.MultiheadAttention.",
+            name=name,
         )
     q2 = q.clone()
     q2[..., -1, :] += 1.0  # change only the last query
     out2 = first_output(fn(q2, k, v, mask))
     if not torch.allclose(out2[..., :-1, :], out[..., :-1, :], atol=1e-5):
         fail(
-            f"{name}: changing only the last query changed the outputs of the other "
-            "queries: the softmax normalised over the queries, not the keys "
-            "(pitfall P11)",
+            "{name}: changing only the last query changed the outputs of the "
+            "other queries: the softmax normalised over the queries, not the "
+            "keys (pitfall P11)",
             "each query's weights must sum to 1 over the keys.",
+            name=name,
         )
     for wrong, message, hint in _REFERENCE_MISTAKES:
         if torch.allclose(out.detach(), wrong(q, k, v, mask)[0], atol=1e-5):
-            fail(f"{name}: {message}", hint)
-    check_close(out, ref, name=f"{name}'s output" + (" with a mask" if masked else ""))
+            fail("{name}: {message}", hint, name=name, message=gettext(message))
+    label = N_("{name}'s output with a mask") if masked else N_("{name}'s output")
+    check_close(out, ref, name=gettext(label).format(name=name))
 
 
 @exercise_check
@@ -109,7 +117,9 @@ def check_attention_properties(fn: Callable[..., Tensor], *, name: str = "fn") -
     ):
         check.strict(fn, name=name)
     _compare_with_reference(fn, name, masked=True)
-    return passed(f"{name}: matches the reference, and all four mask properties hold")
+    return passed(
+        "{name}: matches the reference, and all four mask properties hold", name=name
+    )
 
 
 # ------------------------------------------------------ chapter 5: masks (exercises)
@@ -132,35 +142,46 @@ def check_causal_mask(fn: Callable[[int, int], Tensor]) -> bool:
         check_shape(out, (t, s), f"fn({t}, {s})")
         if out.dtype != torch.bool:
             fail(
-                f"fn({t}, {s}) has dtype {out.dtype}, expected torch.bool",
+                "fn({t}, {s}) has dtype {out_dtype}, expected torch.bool",
                 "a comparison of index tensors gives a bool tensor.",
                 kind=ShapeError,
+                t=t,
+                s=s,
+                out_dtype=out.dtype,
             )
         ref = causal_mask(t, s)
         if torch.equal(out, ref):
             continue
         if torch.equal(out, ~ref):
             fail(
-                f"fn({t}, {s}) is inverted: True marks the future",
+                "fn({t}, {s}) is inverted: True marks the future",
                 "True = may attend; key j is visible when it is not in the future.",
+                t=t,
+                s=s,
             )
         if torch.equal(out, torch.tril(torch.ones(t, s, dtype=torch.bool), s - t - 1)):
             fail(
-                f"fn({t}, {s}) hides the diagonal: a token may attend to itself",
+                "fn({t}, {s}) hides the diagonal: a token may attend to itself",
                 "use <=, not <.",
+                t=t,
+                s=s,
             )
         if t != s and torch.equal(out, pitfalls.causal_mask_wrong_offset(t, s)):
             fail(
-                f"fn({t}, {s}) hides keys the last queries must see: the diagonal "
+                "fn({t}, {s}) hides keys the last queries must see: the diagonal "
                 "offset points the wrong way",
                 "with more keys than queries, query i may see more than i + 1 keys.",
+                t=t,
+                s=s,
             )
         if torch.equal(out, pitfalls.causal_mask_top_left(t, s)):
             fail(
-                f"fn({t}, {s}) is aligned top-left: query 0 sees only key 0. With "
-                f"{s} keys and {t} queries (decoding with a cache) the queries are the "
-                f"last {t} tokens",
+                "fn({t}, {s}) is aligned top-left: query 0 sees only key 0. With "
+                "{s} keys and {t} queries (decoding with a cache) the queries are "
+                "the last {t} tokens",
                 "query i sits at position i + k_len - q_len.",
+                t=t,
+                s=s,
             )
         check_close(out.int(), ref.int(), name=f"fn({t}, {s})")
     return passed("causal masks right, square and bottom-right aligned")
@@ -185,18 +206,20 @@ def check_padding_mask(fn: Callable[[Tensor, int], Tensor]) -> bool:
         out = fn(tokens, pad)
         if isinstance(out, Tensor) and tuple(out.shape) == (b, 1, s, 1):
             fail(
-                f"the mask has shape (B, 1, S, 1) = {tuple(out.shape)}: it hides padded "
+                "the mask has shape (B, 1, S, 1) = {out_shape}: it hides padded "
                 "queries (rows), not padded keys (columns), so real tokens still "
                 "attend to padding (pitfall P5)",
                 "padding is a property of the keys: the mask must vary along the "
                 "last axis, the keys' axis.",
+                out_shape=tuple(out.shape),
             )
         check_shape(out, (b, 1, 1, s), "mask")
         if out.dtype != torch.bool:
             fail(
-                f"the mask has dtype {out.dtype}, expected torch.bool",
+                "the mask has dtype {out_dtype}, expected torch.bool",
                 "a comparison such as == or != gives a bool tensor.",
                 kind=ShapeError,
+                out_dtype=out.dtype,
             )
         ref = padding_mask(tokens, pad)
         if torch.equal(out, ~ref):
@@ -231,9 +254,10 @@ def check_decoder_mask(fn: Callable[[Tensor, int], Tensor]) -> bool:
         check_shape(out, (b, 1, t, t), "mask")
         if out.dtype != torch.bool:
             fail(
-                f"the mask has dtype {out.dtype}, expected torch.bool",
+                "the mask has dtype {out_dtype}, expected torch.bool",
                 "combine bool masks with logical operators, not with + or *.",
                 kind=ShapeError,
+                out_dtype=out.dtype,
             )
         causal, keys = causal_mask(t), padding_mask(tokens, pad)
         queries = (tokens != pad)[:, None, :, None]
@@ -248,32 +272,32 @@ def check_decoder_mask(fn: Callable[[Tensor, int], Tensor]) -> bool:
         for wrong, message in (
             (
                 causal & queries,
-                (
+                N_(
                     "the padding part varies along the queries (rows), "
                     "so real tokens still attend to padded keys (pitfall P5)"
                 ),
             ),
             (
                 causal | queries,
-                (
+                N_(
                     "the two masks were combined with 'or', and the "
                     "padding part varies along the queries (pitfall P5)"
                 ),
             ),
             (
                 causal | keys,
-                (
+                N_(
                     "the two masks were combined with 'or': a key is "
                     "visible when either mask allows it"
                 ),
             ),
             (
                 causal.expand_as(ref),
-                ("padded keys are visible: only the causal part is there"),
+                N_("padded keys are visible: only the causal part is there"),
             ),
             (
                 keys.expand_as(ref),
-                ("future keys are visible: only the padding part is there"),
+                N_("future keys are visible: only the padding part is there"),
             ),
         ):
             if torch.equal(out, wrong):

@@ -14,6 +14,7 @@ from transformer_course.exercises._common import (
     fail,
     passed,
 )
+from transformer_course.exercises._language import N_, gettext
 from transformer_course.exercises._method import own_code
 from transformer_course.training import make_criterion, noam_lr, translation_loss
 
@@ -37,54 +38,85 @@ def check_noam_lr(fn: Callable[[int, int, int], float]) -> bool:
                 continue
             if math.isclose(got, want * math.sqrt(d_model), rel_tol=1e-6):
                 fail(
-                    f"fn({step}, {d_model}, {warmup}) = {got:.3g}, expected "
-                    f"{want:.3g}: off by a factor sqrt(d_model)",
+                    "fn({step}, {d_model}, {warmup}) = {got:.3g}, expected {want:.3g}: "
+                    "off by a factor sqrt(d_model)",
                     "multiply by d_model ** -0.5.",
+                    step=step,
+                    d_model=d_model,
+                    warmup=warmup,
+                    got=got,
+                    want=want,
                 )
             if math.isclose(got, noam_lr(step + 1, d_model, warmup), rel_tol=1e-6):
                 fail(
-                    f"fn({step}, {d_model}, {warmup}) = {got:.6g}, expected "
-                    f"{want:.6g}: that is the rate of step {step + 1}, one step late",
+                    "fn({step}, {d_model}, {warmup}) = {got:.6g}, expected {want:.6g}: "
+                    "that is the rate of step {next_step}, one step late",
                     "the formula's step counts from 1: use step as it is given.",
+                    step=step,
+                    d_model=d_model,
+                    warmup=warmup,
+                    got=got,
+                    want=want,
+                    next_step=step + 1,
                 )
             if step != warmup and math.isclose(
                 got, d_model**-0.5 * max(step**-0.5, step * warmup**-1.5), rel_tol=1e-6
             ):
                 fail(
-                    f"fn({step}, {d_model}, {warmup}) = {got:.3g}, expected "
-                    f"{want:.3g}: max instead of min",
+                    "fn({step}, {d_model}, {warmup}) = {got:.3g}, expected {want:.3g}: "
+                    "max instead of min",
                     "the rate is the smaller of the rising and the decaying branch.",
+                    step=step,
+                    d_model=d_model,
+                    warmup=warmup,
+                    got=got,
+                    want=want,
                 )
-            value = f"fn({step}, {d_model}, {warmup}) = {got:.6g}, expected {want:.6g}"
+            fields = {
+                "step": step,
+                "d_model": d_model,
+                "warmup": warmup,
+                "got": got,
+                "want": want,
+            }
+            value = gettext(
+                "fn({step}, {d_model}, {warmup}) = {got:.6g}, expected {want:.6g}"
+            ).format(**fields)
             for factor, message, hint in (
                 (
                     d_model,
-                    "the d_model factor is upside down (d_model ** +0.5)",
-                    "a larger model must get a smaller rate.",
+                    N_("the d_model factor is upside down (d_model ** +0.5)"),
+                    N_("a larger model must get a smaller rate."),
                 ),
                 (
                     math.sqrt(warmup),
-                    "off by a factor sqrt(warmup) at every step",
-                    (
+                    N_("off by a factor sqrt(warmup) at every step"),
+                    N_(
                         "write both branches with warmup in them and check that they meet "
                         "at step = warmup."
                     ),
                 ),
                 (
                     warmup if step < warmup else math.nan,
-                    "the rising branch is off by a factor warmup",
-                    (
+                    N_("the rising branch is off by a factor warmup"),
+                    N_(
                         "at step = warmup the rising branch must equal the decaying one, "
                         "warmup ** -0.5."
                     ),
                 ),
             ):
                 if math.isclose(got, want * factor, rel_tol=1e-6):
-                    fail(f"{value}: {message}", hint)
+                    fail(
+                        "{value}: {message}",
+                        hint,
+                        value=value,
+                        message=gettext(message),
+                    )
             fail(
-                value,
+                "fn({step}, {d_model}, {warmup}) = {got:.6g}, expected {want:.6g}",
                 "compute both branches at step = warmup // 2 and step = 2 * warmup by "
                 "hand: the rate is the smaller one.",
+                **fields,
             )
     return passed("the warmup schedule matches equation (3) at 15 points")
 
@@ -145,56 +177,63 @@ def check_label_smoothed_loss(fn: Callable[..., Tensor]) -> bool:
                 "the smoothing mass is spread over the V - 1 wrong tokens",
                 "PyTorch spreads eps / V over all V tokens, the right one included.",
             )
-        value = f"loss = {got.item():.5f}, expected {want.item():.5f}"
+        value = gettext("loss = {got:.5f}, expected {want:.5f}").format(
+            got=got.item(), want=want.item()
+        )
         p = logits.softmax(-1)
         q_y = -eps / v * (logp.sum(-1) + nll)  # eps / V on every token but the target
         wrong = (
             (
                 per_pos[keep].sum() / n,
-                (
+                N_(
                     "the sum over the real positions is divided by all N positions, "
                     "padding included"
                 ),
-                "average over the positions that count, and only those.",
+                N_("average over the positions that count, and only those."),
             ),
             (
                 ((1 - eps) * -p.gather(1, target[:, None])[:, 0] - eps / v * p.sum(-1))[
                     keep
                 ].mean(),
-                "probabilities are used where log-probabilities belong",
-                "cross-entropy weighs log p, not p.",
+                N_("probabilities are used where log-probabilities belong"),
+                N_("cross-entropy weighs log p, not p."),
             ),
             (
                 ((1 - eps) * nll + q_y)[keep].mean(),
-                "the target token misses its own eps / V share",
-                (
+                N_("the target token misses its own eps / V share"),
+                N_(
                     "q puts eps / V on every token, the target included, on top of its "
                     "1 - eps."
                 ),
             ),
             (
                 (per_pos / v)[keep].mean(),
-                "the loss is averaged over the V tokens, not summed",
-                "a cross-entropy sums q_v log p_v over the vocabulary.",
+                N_("the loss is averaged over the V tokens, not summed"),
+                N_("a cross-entropy sums q_v log p_v over the vocabulary."),
             ),
         )
         for loss, message, hint in wrong:
             if eps > 0 and torch.allclose(got, loss, atol=1e-5):
-                fail(f"{value}: {message}", hint)
+                fail("{value}: {message}", hint, value=value, message=gettext(message))
         logp0 = logits.log_softmax(0)
         nll0 = -logp0.gather(1, target[:, None])[:, 0]
         if torch.allclose(
             got, ((1 - eps) * nll0 - eps / v * logp0.sum(-1))[keep].mean()
         ):
             fail(
-                f"{value}: the log-softmax ran over the positions (dim=0), not the "
+                "{value}: the log-softmax ran over the positions (dim=0), not the "
                 "vocabulary",
                 "each position's probabilities sum to 1 over the V tokens.",
+                value=value,
             )
         fail(
-            f"{value} (N={n}, V={v}, eps={eps})",
+            "{value} (N={n}, V={v}, eps={eps})",
             "compute q for one position by hand: it must sum to 1, with 1 - eps + "
             "eps / V on the target.",
+            value=value,
+            n=n,
+            v=v,
+            eps=eps,
         )
     return passed("label-smoothed loss equals nn.CrossEntropyLoss on 3 random batches")
 
@@ -278,13 +317,17 @@ def check_teacher_forcing_loss(fn: Callable[..., Tensor]) -> bool:
     )
     if any(torch.allclose(got, wrong, atol=1e-5) for wrong in plain):
         fail(
-            f"loss = {got.item():.5f}, expected {want.item():.5f}: the shift is right, "
-            "but the loss is not the criterion passed in (no label smoothing)",
+            "loss = {got:.5f}, expected {want:.5f}: the shift is right, but "
+            "the loss is not the criterion passed in (no label smoothing)",
             "score the logits with the criterion argument, which smooths the labels "
             "and ignores padding.",
+            got=got.item(),
+            want=want.item(),
         )
     fail(
-        f"loss = {got.item():.5f}, expected {want.item():.5f}",
+        "loss = {got:.5f}, expected {want:.5f}",
         "which tokens does the decoder read, and which must it predict? Print both "
         "for one row of tgt.",
+        got=got.item(),
+        want=want.item(),
     )

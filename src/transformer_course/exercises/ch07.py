@@ -18,6 +18,7 @@ from transformer_course.exercises._common import (
     fail,
     passed,
 )
+from transformer_course.exercises._language import N_, gettext
 from transformer_course.exercises._method import (
     loops_over,
     own_code,
@@ -33,11 +34,14 @@ def _read_at_once(calls: list, block: int, size: int) -> None:
     names = whole_row_reductions(calls, block)
     if names:
         fail(
-            f"with block={block} your function calls {names[0]}() on more than "
-            f"{block} entries at once: it reads all {size} scores together, which the "
-            "exercise asks you not to do",
+            "with block={block} your function calls {function}() on more than "
+            "{block} entries at once: it reads all {size} scores together, "
+            "which the exercise asks you not to do",
             "keep only a running maximum m and a running sum l, and update both "
             "from one block of scores at a time.",
+            block=block,
+            function=names[0],
+            size=size,
         )
 
 
@@ -85,17 +89,25 @@ def check_online_softmax(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
     check_shape(l, (5,), "l")
     if not torch.equal(m, want_m):
         fail(
-            f"m = {m.tolist()}, expected {want_m.tolist()}",
+            "m = {m}, expected {want_m}",
             "the row's maximum is over all its scores, so over both halves.",
+            m=m.tolist(),
+            want_m=want_m.tolist(),
         )
     if torch.isnan(l).any():
         row = int(torch.nonzero(torch.isnan(l))[0])
-        where = "which is all -inf" if row == 3 else "one of whose halves is all -inf"
+        where = (
+            N_("which is all -inf")
+            if row == 3
+            else N_("one of whose halves is all -inf")
+        )
         fail(
-            f"l is NaN for row {row}, {where}: exp(m_a - m) with m_a = m = -inf is "
-            "exp(-inf + inf)",
+            "l is NaN for row {row}, {where}: exp(m_a - m) with m_a = m = -inf "
+            "is exp(-inf + inf)",
             "a half with l = 0 adds nothing, whatever its factor: guard the factor "
             "where m is -inf.",
+            row=row,
+            where=gettext(where),
         )
     if torch.isinf(l).any():
         fail(
@@ -272,23 +284,31 @@ def _check_groups_once(fn, w: Tensor, group: int) -> None:
     check_shape(w_int8, (d_out, d_in), "w_int8")
     if w_int8.dtype != torch.int8:
         fail(
-            f"w_int8 has dtype {w_int8.dtype}, expected torch.int8",
+            "w_int8 has dtype {w_int8_dtype}, expected torch.int8",
             "the last step converts to the 8-bit integer type.",
             kind=ShapeError,
+            w_int8_dtype=w_int8.dtype,
         )
     if not isinstance(scale, Tensor) or tuple(scale.shape) != (d_out, n_groups):
         got = tuple(scale.shape) if isinstance(scale, Tensor) else type(scale).__name__
         per_row = n_groups > 1 and got == (d_out, 1)
         fail(
-            f"group = {group}: scale has shape {got}, expected {(d_out, n_groups)}: "
-            + (
-                "one scale per row, so the groups were ignored"
-                if per_row
-                else f"one per group of {group} weights in each of the {d_out} rows"
+            N_(
+                "group = {group}: scale has shape {got}, expected {want}: one scale "
+                "per row, so the groups were ignored"
+            )
+            if per_row
+            else N_(
+                "group = {group}: scale has shape {got}, expected {want}: one per "
+                "group of {group} weights in each of the {d_out} rows"
             ),
             "view each row as (d_in // group, group) and reduce over the last axis "
             "only.",
             kind=ShapeError,
+            group=group,
+            got=got,
+            want=(d_out, n_groups),
+            d_out=d_out,
         )
     scale = scale.float()
     if torch.allclose(scale, scale.flatten()[0].expand_as(scale)):
@@ -312,10 +332,16 @@ def _check_groups_once(fn, w: Tensor, group: int) -> None:
                 "converting to int8 rounds toward zero: round to nearest first.",
             )
         fail(
-            f"group = {group}: max |w_int8 * scale - w| = {err.max():.3g} exceeds "
-            "half a step",
+            "group = {group}: max |w_int8 * scale - w| = {err:.3g} exceeds half a step",
             "the step of a group is its scale: every weight must land within half a "
             "step of a code.",
+            group=group,
+            err=err.max(),
         )
     want = w.reshape(d_out, n_groups, group).abs().amax(-1) / 127
-    check_close(scale, want, rtol=1e-4, name=f"scale (group = {group})")
+    check_close(
+        scale,
+        want,
+        rtol=1e-4,
+        name=gettext("scale (group = {group})").format(group=group),
+    )

@@ -20,6 +20,7 @@ from transformer_course.exercises._common import (
     fail,
     passed,
 )
+from transformer_course.exercises._language import N_, gettext
 from transformer_course.exercises._method import loops_over, own_code
 from transformer_course.vision import patchify
 
@@ -60,11 +61,12 @@ def check_patchify(fn: Callable[[Tensor, int], Tensor]) -> bool:
     if not isinstance(got, Tensor) or got.shape != want.shape:
         shape = tuple(got.shape) if isinstance(got, Tensor) else type(got).__name__
         fail(
-            f"expected a tensor of shape {tuple(want.shape)} (B, N, C * p * p), got "
-            f"{shape}",
+            "expected a tensor of shape {want_shape} (B, N, C * p * p), got {shape}",
             "N = (H / p) * (W / p) patches, each holding p * p pixels of all C "
             "channels.",
             kind=ShapeError,
+            want_shape=tuple(want.shape),
+            shape=shape,
         )
     if torch.equal(got, want):
         small, large = torch.zeros(1, 3, 8, 8), torch.zeros(3, 3, 16, 16)
@@ -177,21 +179,27 @@ def _check_clip_once(fn, img: Tensor, txt: Tensor, log_scale: float) -> None:
     got = float(got)
     if math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-5):
         return
-    value = f"log_scale = {log_scale:.3f}: loss = {got:.5f}, expected {want:.5f}"
+    fields = {"log_scale": log_scale, "got": got, "want": want}
+    value = gettext(
+        "log_scale = {log_scale:.3f}: loss = {got:.5f}, expected {want:.5f}"
+    ).format(**fields)
     if math.isclose(got, _hand_loss(img, txt, log_scale), rel_tol=1e-4):
         fail(
-            f"{value}: log_scale was used as the scale itself",
+            "{value}: log_scale was used as the scale itself",
             "CLIP learns the log of the scale, so that it stays positive: "
             "exponentiate it first.",
+            value=value,
         )
     if scale < math.exp(log_scale) and math.isclose(
         got, _hand_loss(img, txt, math.exp(log_scale)), rel_tol=1e-4
     ):
         fail(
-            f"{value}: the scale exp({log_scale:g}) = {math.exp(log_scale):.1f} was "
-            "not clipped at 100",
+            "{value}: the scale exp({log_scale:g}) = {exp:.1f} was not clipped at 100",
             "CLIP clips the scale so that training stays stable: the largest scale "
             "it allows is 100.",
+            value=value,
+            log_scale=log_scale,
+            exp=math.exp(log_scale),
         )
     labels = torch.arange(len(img))
     i, t = F.normalize(img, dim=-1), F.normalize(txt, dim=-1)
@@ -203,48 +211,51 @@ def _check_clip_once(fn, img: Tensor, txt: Tensor, log_scale: float) -> None:
     for wrong, message, hint in (
         (
             both(scale * img @ txt.T) / 2,
-            "the embeddings are not L2-normalised",
-            "F.normalize(x, dim=-1).",
+            N_("the embeddings are not L2-normalised"),
+            N_("F.normalize(x, dim=-1)."),
         ),
         (
             F.cross_entropy(scale * i @ t.T, labels),
-            "only the image-to-text direction is scored",
-            "add the cross-entropy of logits.T (texts choosing images) and halve.",
+            N_("only the image-to-text direction is scored"),
+            N_("add the cross-entropy of logits.T (texts choosing images) and halve."),
         ),
         (
             both(i @ t.T) / 2,
-            "the cosine similarities are not multiplied by the scale",
-            "the scale multiplies the cosines before the softmax.",
+            N_("the cosine similarities are not multiplied by the scale"),
+            N_("the scale multiplies the cosines before the softmax."),
         ),
         (
             both(i @ t.T / scale) / 2,
-            "the cosine similarities are divided by the scale",
-            (
+            N_("the cosine similarities are divided by the scale"),
+            N_(
                 "the scale is the inverse of a temperature: a larger scale must "
                 "make the softmax sharper."
             ),
         ),
         (
             both(scale * i @ t.T),
-            f"{value}, twice the expected: the two directions are added, not averaged",
-            "the loss is the mean of the image-to-text and text-to-image terms.",
+            N_(
+                "{value}, twice the expected: the two directions are added, not averaged"
+            ),
+            N_("the loss is the mean of the image-to-text and text-to-image terms."),
         ),
         (
             both(scale * i0 @ t0.T) / 2,
-            (
+            N_(
                 "each embedding dimension was normalised over the batch (dim=0), "
                 "not each embedding over its features"
             ),
-            (
+            N_(
                 "cosine similarity divides each row by its own length: which axis "
                 "holds one embedding's features?"
             ),
         ),
     ):
         if math.isclose(got, float(wrong), rel_tol=1e-4):
-            fail(message, hint)
+            fail(message, hint, value=value)
     fail(
-        value,
+        "log_scale = {log_scale:.3f}: loss = {got:.5f}, expected {want:.5f}",
         "compute the loss of B = 2 pairs by hand: the normalised embeddings, the "
         "scaled cosines, then each row's and each column's cross-entropy.",
+        **fields,
     )

@@ -26,6 +26,7 @@ from transformer_course.exercises._common import (
     fail,
     passed,
 )
+from transformer_course.exercises._language import N_, gettext
 from transformer_course.exercises._method import own_code
 
 
@@ -64,9 +65,11 @@ def check_mean_pool(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
     if not isinstance(got, Tensor) or got.shape != want.shape:
         shape = tuple(got.shape) if isinstance(got, Tensor) else type(got).__name__
         fail(
-            f"expected a tensor of shape {tuple(want.shape)} (B, D), got {shape}",
+            "expected a tensor of shape {want_shape} (B, D), got {shape}",
             "one vector per sentence: the token axis (dim 1) is the one that goes.",
             kind=ShapeError,
+            want_shape=tuple(want.shape),
+            shape=shape,
         )
     if torch.allclose(got, want, atol=1e-5):
         return passed("mean pooling averages the real tokens only")
@@ -77,13 +80,17 @@ def check_mean_pool(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
         )
     summed = (hidden * mask[..., None]).sum(1)  # (B, D)
     for count, message in (
-        (mask.shape[1], "divided by S, the padded length, not by the real tokens"),
-        (mask.sum(), "divided by the real tokens of the whole batch, not of the row"),
+        (mask.shape[1], N_("divided by S, the padded length, not by the real tokens")),
+        (
+            mask.sum(),
+            N_("divided by the real tokens of the whole batch, not of the row"),
+        ),
     ):
         if torch.allclose(got, summed / count, atol=1e-5):
             fail(
-                f"the sum of the real tokens is {message}",
+                "the sum of the real tokens is {message}",
                 "each sentence is averaged over its own real tokens.",
+                message=gettext(message),
             )
     inverted = _loop_mean_pool(hidden[1:], ~mask[1:])
     if torch.allclose(got[1:], inverted, atol=1e-5):
@@ -147,60 +154,71 @@ def check_neighbour_agreement(fn: Callable[[Tensor, Tensor], float]) -> bool:
     apart[0] = -apart[0]  # ... but row 0: its cosines with all the others are < 0
     apart_noisy = apart + 0.5 * torch.randn(10, 8, generator=gen)
     for emb, ref_, name in (
-        (ref, ref, "the same embeddings"),
-        (scaled, ref, "rescaled rows"),
-        (noisy, ref, "noisy embeddings"),
-        (apart_noisy, apart, "a row opposite all the others"),
+        (ref, ref, N_("the same embeddings")),
+        (scaled, ref, N_("rescaled rows")),
+        (noisy, ref, N_("noisy embeddings")),
+        (apart_noisy, apart, N_("a row opposite all the others")),
     ):
         got = fn(emb, ref_)
         if isinstance(got, Tensor) and got.numel() == 1:
             got = got.item()
         if not isinstance(got, (int, float)):
             fail(
-                f"expected one number (a share between 0 and 1), got "
-                f"{type(got).__name__}",
+                "expected one number (a share between 0 and 1), got {type}",
                 "average the matches over the rows.",
                 kind=ShapeError,
+                type=type(got).__name__,
             )
         want = _loop_agreement(emb, ref_)
         if math.isclose(got, want, abs_tol=1e-6):
             continue
-        for factor, what in ((len(emb), "a count of rows"), (100, "a percentage")):
+        fields = {"name": gettext(name), "got": got, "want": want}
+        for factor, what in (
+            (len(emb), N_("a count of rows")),
+            (100, N_("a percentage")),
+        ):
             if math.isclose(got, want * factor, abs_tol=1e-4):
                 fail(
-                    f"{name}: got {got:.3f}, expected {want:.3f}: that is {what}, "
-                    f"not a share",
+                    "{name}: got {got:.3f}, expected {want:.3f}: that is {what}, not a "
+                    "share",
                     "return the fraction of rows that agree, a number between 0 and 1.",
+                    what=gettext(what),
+                    **fields,
                 )
-        if name == "a row opposite all the others":
+        if emb is apart_noisy:
             fail(
-                f"{name}: got {got:.3f}, expected {want:.3f}: row 0, whose cosines "
+                "{name}: got {got:.3f}, expected {want:.3f}: row 0, whose cosines "
                 "with every other row are negative, was matched to itself",
                 "a row's similarity with itself must lose against every other row: "
                 "what value does the diagonal need for that, whatever the cosines?",
+                **fields,
             )
-        if math.isclose(got, 1.0) and name != "the same embeddings":
+        if math.isclose(got, 1.0) and emb is not ref:
             fail(
-                f"{name}: got 1.0, expected {want:.3f}",
+                "{name}: got 1.0, expected {want:.3f}",
                 "what is the cosine similarity of a row with itself, and should a "
                 "row be its own neighbour?",
+                **fields,
             )
-        if name == "rescaled rows":
+        if emb is scaled:
             fail(
-                f"{name}: got {got:.3f}, expected {want:.3f}",
+                "{name}: got {got:.3f}, expected {want:.3f}",
                 "rescaling a row does not change its direction: which similarity "
                 "ignores the length of the vectors?",
+                **fields,
             )
         if math.isclose(got, _farthest_agreement(emb, ref_), abs_tol=1e-6):
             fail(
-                f"{name}: got {got:.3f}, expected {want:.3f}: that is the agreement "
+                "{name}: got {got:.3f}, expected {want:.3f}: that is the agreement "
                 "of the least similar rows",
                 "a neighbour is the row with the largest cosine similarity.",
+                **fields,
             )
         fail(
-            f"{name}: got {got:.3f}, expected {want:.3f}",
+            "{name}: got {got:.3f}, expected {want:.3f}",
             "find each row's most similar other row under emb and under ref, then "
             "count the rows where the two agree.",
+            **fields,
         )
     return passed("nearest-neighbour agreement matches on three cases")
 
@@ -247,91 +265,94 @@ def check_soft_target_loss(fn: Callable[[Tensor, Tensor, float], Tensor]) -> boo
         got, want = float(got), _hand_soft_loss(s, t, T)
         if math.isclose(got, want, rel_tol=1e-4):
             continue
-        if math.isclose(
-            got, _hand_soft_loss(s, t, T, soften_teacher=False), rel_tol=1e-4
-        ):
-            fail(
-                f"T = {T}: got {got:.4f}, expected {want:.4f}: the teacher is not "
-                "softened",
-                "which of the two distributions does T act on here?",
-            )
-        if math.isclose(got, _hand_soft_loss(t, s, T), rel_tol=1e-4):
-            fail(
-                f"T = {T}: got {got:.4f}, expected {want:.4f}: KL arguments swapped",
-                "KL is not symmetric: whose distribution is the expectation over?",
-            )
-        if math.isclose(got * T * T, want, rel_tol=1e-4):
-            fail(
-                f"T = {T}: got {got:.4f}, expected {want:.4f}: T^2 is missing",
-                "the gradient shrinks like 1 / T^2; what undoes that in the loss?",
-            )
-        value = f"T = {T}: got {got:.4f}, expected {want:.4f}"
+        fields = {"T": T, "got": got, "want": want}
+        value = gettext("T = {T}: got {got:.4f}, expected {want:.4f}").format(**fields)
         p_t = torch.softmax(t.double() / T, -1)
         log_q = torch.log_softmax(s.double() / T, -1)
         entropy = -(p_t * p_t.log()).sum(-1).mean().item()
         per_entry = (p_t * (p_t.log() - log_q)).mean().item()
         for wrong, message, hint in (
             (
+                _hand_soft_loss(s, t, T, soften_teacher=False),
+                N_("the teacher is not softened"),
+                N_("which of the two distributions does T act on here?"),
+            ),
+            (
+                _hand_soft_loss(t, s, T),
+                N_("KL arguments swapped"),
+                N_("KL is not symmetric: whose distribution is the expectation over?"),
+            ),
+            (
+                want / (T * T),
+                N_("T^2 is missing"),
+                N_("the gradient shrinks like 1 / T^2; what undoes that in the loss?"),
+            ),
+            (
                 want / T,
-                "the loss is multiplied by T, not T^2",
-                "the gradient of the softened loss shrinks like 1 / T^2.",
+                N_("the loss is multiplied by T, not T^2"),
+                N_("the gradient of the softened loss shrinks like 1 / T^2."),
             ),
             (
                 T * T * -(p_t * torch.log_softmax(s.double(), -1)).sum(-1).mean().item()
                 - T * T * entropy,
-                "the student is not softened",
-                "both distributions are taken at the same temperature.",
+                N_("the student is not softened"),
+                N_("both distributions are taken at the same temperature."),
             ),
             (
                 want + T * T * entropy,
-                (
+                N_(
                     "that is the cross-entropy: it includes the teacher's entropy, which "
                     "KL subtracts"
                 ),
-                "KL(p || q) = sum p (log p - log q).",
+                N_("KL(p || q) = sum p (log p - log q)."),
             ),
             (
                 T * T * per_entry,
-                (
+                N_(
                     "the KL was averaged over every entry (reduction='mean'), not summed "
                     "over the classes"
                 ),
-                (
+                N_(
                     "average over rows only: sum over the classes first (PyTorch's "
                     "'batchmean')."
                 ),
             ),
         ):
             if math.isclose(got, wrong, rel_tol=1e-4):
-                fail(f"{value}: {message}", hint)
+                fail("{value}: {message}", hint, value=value, message=gettext(message))
         p0 = torch.softmax(t.double() / T, 0)
         kl0 = (p0 * (p0.log() - torch.log_softmax(s.double() / T, 0))).sum(0)
         if math.isclose(got, T * T * kl0.mean().item(), rel_tol=1e-4) or math.isclose(
             got, T * T * kl0.sum().item() / len(s), rel_tol=1e-4
         ):
             fail(
-                f"{value}: the softmax ran over the batch (dim=0), not the classes",
+                "{value}: the softmax ran over the batch (dim=0), not the classes",
                 "each row's distribution sums to 1 over its classes.",
+                value=value,
             )
         fail(
-            value,
+            "T = {T}: got {got:.4f}, expected {want:.4f}",
             "at T = 1 compare with the KL divergence of the two plain softmaxes.",
+            **fields,
         )
     s, t = torch.randn(2, 3, generator=gen), torch.tensor([[0.0, 60.0, 120.0]] * 2)
     got, want = fn(s, t, 1.0), _hand_soft_loss(s, t, 1.0)
     if not math.isfinite(float(got)):
         fail(
-            f"teacher logits [0, 60, 120] at T = 1: got {float(got)}, expected "
-            f"{want:.4f}: a teacher probability underflows to 0 in float32, and "
+            "teacher logits [0, 60, 120] at T = 1: got {got}, expected "
+            "{want:.4f}: a teacher probability underflows to 0 in float32, and "
             "0 * log 0 is NaN",
             "the term of a class with p = 0 is 0; which function gives log p without "
             "ever forming p?",
+            got=float(got),
+            want=want,
         )
     if not math.isclose(float(got), want, rel_tol=1e-4):
         fail(
-            f"teacher logits [0, 60, 120] at T = 1: got {float(got):.4f}, expected "
-            f"{want:.4f}",
+            "teacher logits [0, 60, 120] at T = 1: got {got:.4f}, expected {want:.4f}",
             "a class whose teacher probability is 0 must add nothing to the loss.",
+            got=float(got),
+            want=want,
         )
     return passed(
         "the soft-target loss matches Hinton et al. at T = 1, 2, 5, and stays finite "

@@ -103,9 +103,11 @@ def check_swiglu(fn: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]) -> bool
     if not isinstance(got, Tensor) or got.shape != want.shape:
         shape = tuple(got.shape) if isinstance(got, Tensor) else type(got).__name__
         fail(
-            f"expected a tensor of shape {tuple(want.shape)} (..., D), got {shape}",
+            "expected a tensor of shape {want_shape} (..., D), got {shape}",
             "nn.Linear weights are (out, in): x @ w.T maps D to d_ff and back.",
             kind=ShapeError,
+            want_shape=tuple(want.shape),
+            shape=shape,
         )
     if _close(got, want, 1e-4):
         return passed("SwiGLU gates the up projection with the SiLU of the gate")
@@ -150,16 +152,19 @@ def check_gqa_cache_bytes(fn: Callable[[int, int, int, int, int, int], int]) -> 
         got = fn(L, H, H_kv, d_k, nbytes, n)
         if isinstance(got, bool) or not isinstance(got, int):
             fail(
-                f"expected an int (bytes), got {type(got).__name__}",
+                "expected an int (bytes), got {type}",
                 "a size in bytes is a whole number: use int arithmetic.",
                 kind=ShapeError,
+                type=type(got).__name__,
             )
         if got == want:
             continue
         if got == want // H_kv * H:
             fail(
-                f"n_heads={H} heads are counted: the cache holds the n_kv_heads={H_kv}",
+                "n_heads={H} heads are counted: the cache holds the n_kv_heads={H_kv}",
                 "grouped queries share key/value heads; only those are cached.",
+                H=H,
+                H_kv=H_kv,
             )
         if got * 2 == want:
             fail(
@@ -167,8 +172,11 @@ def check_gqa_cache_bytes(fn: Callable[[int, int, int, int, int, int], int]) -> 
                 "every cached token keeps one key and one value per KV head.",
             )
         fail(
-            f"for {(L, H, H_kv, d_k, nbytes, n)} expected {want:,} bytes, got {got:,}",
+            "for {config} expected {want:,} bytes, got {got:,}",
             "multiply: 2 x layers x KV heads x d_k x bytes per element x tokens.",
+            config=(L, H, H_kv, d_k, nbytes, n),
+            want=want,
+            got=got,
         )
     return passed("the KV cache holds 2 x layers x KV heads x d_k numbers a token")
 
