@@ -131,3 +131,20 @@ def test_make_book_builds_both_editions():
     assert sys.modules.get("jieba") or importlib.util.find_spec("jieba"), (
         "jieba (requirements.txt) is needed for the Chinese search"
     )
+
+
+def test_the_chinese_build_adds_its_times_to_the_english_record(tmp_path):
+    library_cache = load("library_cache", ROOT / "book" / "_ext" / "library_cache.py")
+    cache = tmp_path / ".jupyter_cache" / "library-abc"
+    record = tmp_path / ".jupyter_cache" / library_cache.TIMES_FILE
+    record.parent.mkdir()
+    record.write_text('{"book/06_transformer": 229.0}')
+    chinese = SimpleNamespace(
+        env=SimpleNamespace(
+            nb_metadata={"intro": {"exec_data": {"runtime": 2.5, "mtime": 0}}}
+        ),
+        config=SimpleNamespace(nb_execution_cache_path=str(cache)),
+    )
+    library_cache._log_execution_times(chinese, None)
+    times = yaml.safe_load(record.read_text())
+    assert times == {"book/06_transformer": 229.0, "intro": 2.5}
