@@ -56,6 +56,7 @@ _OPENING = re.compile(
     r"^\s*(?P<fence>`{3,}|:{3,})\{(?P<name>[\w:-]+)\}[ \t]*(?P<arg>.*)$"
 )
 _ROLE = re.compile(r"\{(?P<role>[\w:-]+)\}`(?P<text>[^`]*)`")
+_FENCED = re.compile(r"^(`{3,}|~{3,}).*?^\1[ \t]*$", re.MULTILINE | re.DOTALL)
 _TARGET = re.compile(r"^\((?P<label>[\w:.-]+)\)=[ \t]*$", re.MULTILINE)
 REF_ROLES = ("ref", "numref", "doc", "eq", "term", "prf:ref")
 KEEP_ARGUMENT = (
@@ -159,6 +160,12 @@ def directives(text: str) -> list[tuple[str, str, str, str]]:
     return found
 
 
+def heading_levels(text: str) -> list[int]:
+    """The level of every heading outside code, in order: the page's outline."""
+    text = _FENCED.sub("", _FRONT.sub("", text))
+    return [len(m) for m in re.findall(r"^(#{1,6})\s", text, flags=re.MULTILINE)]
+
+
 def glue_names(text: str) -> Counter:
     """The glued values the prose quotes (role text, format included), with counts."""
     return Counter(
@@ -188,9 +195,7 @@ def prose(text: str) -> str:
     """A page's text without front matter, code (cells, blocks, inline: "CODE"), math,
     roles and link targets: what a glossary term is looked for in."""
     text = _FRONT.sub("", text)
-    text = re.sub(
-        r"^(`{3,}|~{3,}).*?^\1[ \t]*$", "", text, flags=re.MULTILINE | re.DOTALL
-    )
+    text = _FENCED.sub("", text)
     text = re.sub(r"\$\$.*?\$\$|\$[^$\n]+\$", " ", text, flags=re.DOTALL)
     text = _ROLE.sub(" ", text)
     text = re.sub(r"`[^`\n]+`", " CODE ", text)

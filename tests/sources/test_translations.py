@@ -63,9 +63,10 @@ def test_code_cell_check_rejects_a_translated_comment():
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem)
-def test_directives_glue_and_labels_are_the_english_ones(page):
+def test_directives_outline_glue_and_labels_are_the_english_ones(page):
     en, zh = english(page), chinese(page)
     assert translation.directives(zh) == translation.directives(en)
+    assert translation.heading_levels(zh) == translation.heading_levels(en)
     assert translation.glue_names(zh) == translation.glue_names(en)
     assert translation.labels(zh) == translation.labels(en)
 
@@ -83,7 +84,7 @@ Answer.
 """
 
 
-def test_directive_glue_and_label_checks_reject_a_changed_page():
+def test_directive_outline_glue_and_label_checks_reject_a_changed_page():
     dropped = EXERCISE.replace(":label: ex-qkv-batched\n", "")
     assert translation.directives(dropped) != translation.directives(EXERCISE)
     unclassed = EXERCISE.replace(":class: dropdown", "")
@@ -94,6 +95,9 @@ def test_directive_glue_and_label_checks_reject_a_changed_page():
     assert translation.glue_names(reglued) != translation.glue_names(EXERCISE)
     relabelled = EXERCISE.replace("{ref}`sec-qkv`", "{ref}`sec-kqv`")
     assert translation.labels(relabelled) != translation.labels(EXERCISE)
+    outline = "# Title\n\n## Part\n\n```python\n# a comment\n```\n"
+    assert translation.heading_levels(outline) == [1, 2]
+    assert translation.heading_levels(outline.replace("## Part", "### Part")) != [1, 2]
     retitled = EXERCISE.replace("Batched lookup", "批量查找")
     assert translation.directives(retitled) == translation.directives(EXERCISE)
 
