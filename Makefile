@@ -38,6 +38,7 @@ $(VENDOR)/mathjax/tex-svg.js: package.json package-lock.json
 book: graphviz-deps $(STAMP) $(VENDOR)/mathjax/tex-svg.js
 	$(PY) tools/sync_notebooks.py --check
 	$(PY) tools/build_book.py . -W -n --keep-going --builder html  # jupyter-book build, -j cores
+	$(PY) tools/build_book.py --edition zh -W -n --keep-going --builder html  # -> _build/html/zh
 	@echo "Book built: $(CURDIR)/_build/html/index.html"
 
 notebooks: $(STAMP)

@@ -2,6 +2,7 @@
 chapters on every core: ``make book`` runs this.
 
     python tools/build_book.py [jupyter-book build options] [--jobs N]
+    python tools/build_book.py --edition zh [options]   # the Chinese edition, into _build/html/zh/
 
 Jupyter Book 1.x passes Sphinx no ``-j`` (its ``build_sphinx`` has a ``jobs`` argument
 that the command line never sets), so the chapters execute one after another although
@@ -17,6 +18,14 @@ get all the long chapters; here each page is its own chunk, handed to the next f
 process, longest first: by the execution times the last build recorded
 (``_build/.jupyter_cache/execution-times.json``, written by ``book/_ext/library_cache.py``),
 else by the size of the page's source.
+
+``--edition zh`` builds the Chinese pages of ``book/zh/`` (their table of contents
+``book/zh/_toc.yml``) with the English ``_config.yml`` plus the few Chinese settings of
+``book/zh/edition.yml`` (title, ``language: zh_CN``), its paths made absolute, and the
+English build's execution cache (``_build/.jupyter_cache``): a Chinese page whose code
+cells are byte-identical to its English page's is taken from that cache, not executed
+again. Sphinx writes it to ``_build/zh/_build/html``, which is then copied to
+``_build/html/zh/``, so the two editions are one site.
 """
 
 from __future__ import annotations
@@ -25,8 +34,11 @@ import argparse
 import functools
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
+
+import yaml
 
 
 def usable_cores() -> int:
@@ -37,7 +49,9 @@ def usable_cores() -> int:
 
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMES = ROOT / "_build" / ".jupyter_cache" / "execution-times.json"
+BUILD = ROOT / "_build"
+TIMES = BUILD / ".jupyter_cache" / "execution-times.json"
+ZH = ROOT / "book" / "zh"
 
 
 def longest_first(docnames: list[str]) -> list[str]:
@@ -56,9 +70,58 @@ def one_page_per_chunk(arguments, nproc: int, maxbatch: int = 10) -> list[list[s
     return [[doc] for doc in longest_first(list(arguments))]
 
 
+def _absolute(path: str) -> str:
+    return str((ROOT / path).resolve())
+
+
+def chinese_config(english: dict, chinese: dict) -> dict:
+    """The Chinese edition's Jupyter Book configuration: the English one with the
+    settings of ``book/zh/edition.yml`` on top, every path absolute (the Chinese
+    book's folder is ``book/zh/``, not the root) and the English execution cache."""
+    config = json.loads(json.dumps(english))  # a deep copy
+    config.update({k: v for k, v in chinese.items() if k != "sphinx"})
+    config["exclude_patterns"] = ["**.ipynb_checkpoints", "_build"]
+    config["html"]["favicon"] = _absolute(config["html"]["favicon"])
+    config["bibtex_bibfiles"] = [_absolute(p) for p in config["bibtex_bibfiles"]]
+    sphinx = config["sphinx"]
+    sphinx["local_extensions"] = {
+        name: _absolute(path) for name, path in sphinx["local_extensions"].items()
+    }
+    sphinx["config"]["html_static_path"] = [
+        _absolute(p) for p in sphinx["config"]["html_static_path"]
+    ]
+    sphinx["config"].update(chinese.get("sphinx", {}).get("config", {}))
+    config["execute"]["cache"] = str(BUILD / ".jupyter_cache")
+    return config
+
+
+def chinese_arguments(rest: list[str]) -> list[str]:
+    """jupyter-book build arguments for the Chinese edition (its config generated
+    into _build/zh/_config.yml)."""
+    english = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    chinese = yaml.safe_load((ZH / "edition.yml").read_text(encoding="utf-8"))
+    out = BUILD / "zh"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "_config.yml"
+    text = yaml.safe_dump(chinese_config(english, chinese), allow_unicode=True)
+    path.write_text(text, encoding="utf-8")
+    options = [a for a in rest if a != "."]
+    return [str(ZH), "--config", str(path), "--toc", str(ZH / "_toc.yml"),
+            "--path-output", str(out), *options]  # fmt: skip
+
+
+def publish_chinese() -> None:
+    """Copy the Chinese site into the English one's zh/ folder."""
+    built, target = BUILD / "zh" / "_build" / "html", BUILD / "html" / "zh"
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(built, target)
+    print(f"build_book: the Chinese edition is in {target}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--jobs", type=int, default=None)
+    parser.add_argument("--edition", choices=("en", "zh"), default="en")
     args, rest = parser.parse_known_args(argv)
     jobs = args.jobs or int(os.environ.get("BOOK_JOBS", "0")) or usable_cores()
     if jobs < 1:
@@ -81,7 +144,15 @@ def main(argv: list[str] | None = None) -> None:
     # the command line imports build_sphinx from this module when it runs
     jb_sphinx.build_sphinx = functools.partial(jb_sphinx.build_sphinx, jobs=jobs)
     sphinx.builders.make_chunks = one_page_per_chunk  # Builder._read_parallel uses it
-    jupyter_book_cli(["build", *rest])
+    if args.edition == "en":
+        jupyter_book_cli(["build", *rest])
+        return
+    try:
+        jupyter_book_cli(["build", *chinese_arguments(rest)])
+    except SystemExit as done:  # click exits, also on success
+        if done.code not in (0, None):
+            raise
+    publish_chinese()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Generate notebooks/<chapter>.ipynb (for Colab) from book/<chapter>.md (MyST).
+"""Generate notebooks/<chapter>.ipynb (for Colab) from book/<chapter>.md (MyST), and
+notebooks/zh/<chapter>.ipynb from the Chinese edition's book/zh/<chapter>.md.
 
     python tools/sync_notebooks.py          # write notebooks/
     python tools/sync_notebooks.py --check  # exit 1 if notebooks/ is out of date
@@ -14,7 +15,11 @@ What changes on the way:
 - a paragraph that quotes numbers the chapter measures (myst_nb's {glue:text} roles)
   becomes a code cell, its code hidden in Colab, that shows the paragraph with the
   numbers the learner's own run measured (transformer_course.viz.glue.prose);
-- where the book shows a library function's source, a code cell prints it.
+- where the book shows a library function's source, a code cell prints it;
+- in a Chinese notebook the install cell also sets ``TRANSFORMER_COURSE_LANG=zh``
+  before the library is imported (so the exercise self-checks answer in Chinese while
+  the chapter's own code cells stay identical to the English ones), and the words the
+  conversion adds ("Exercise", "Solution") are Chinese.
 """
 
 from __future__ import annotations
@@ -43,11 +48,35 @@ def repository() -> tuple[str, str]:
     return config["repository"]["url"].rstrip("/"), config["repository"]["branch"]
 
 
-def install_cell(url: str, branch: str) -> nbformat.NotebookNode:
+# The words the conversion adds, per edition; convert() sets WORDS for its chapter.
+EDITION_WORDS = {
+    "en": {"exercise": "Exercise", "solution": "Solution (click to open)", "sep": ": "},
+    "zh": {"exercise": "练习", "solution": "参考答案（点击展开）", "sep": "："},
+}
+WORDS = EDITION_WORDS["en"]
+
+
+def editions() -> list[tuple[Path, Path, str]]:
+    """(book folder, notebook folder, language) of each edition."""
+    return [(BOOK, NOTEBOOKS, "en"), (BOOK / "zh", NOTEBOOKS / "zh", "zh")]
+
+
+def language_lines(language: str) -> str:
+    """What a notebook's install cell sets before anything imports the library."""
+    if language == "en":
+        return ""
+    return (
+        "import os\n\n"
+        "# the exercise self-checks speak this edition's language\n"
+        f'os.environ["TRANSFORMER_COURSE_LANG"] = "{language}"\n'
+    )
+
+
+def install_cell(url: str, branch: str, language: str = "en") -> nbformat.NotebookNode:
     source = f"""# Set-up: installs the course library when it is missing (e.g. in Colab);
 # does nothing where it is already installed. In Colab, pick a GPU under
 # Runtime -> Change runtime type; every chapter uses it when present.
-import importlib.util
+{language_lines(language)}import importlib.util
 import subprocess
 import sys
 
@@ -163,9 +192,11 @@ def _directive(
     options, body = _strip_options(match["body"])
     body = to_plain_markdown(body, cited, labels, glue=glue)
     if name == "exercise":
-        return f"#### Exercise: {arg}\n\n{body}" if arg else f"#### Exercise\n\n{body}"
+        title = WORDS["exercise"] + (WORDS["sep"] + arg if arg else "")
+        return f"#### {title}\n\n{body}"
     if name == "solution":
-        return f"<details>\n<summary>Solution (click to open)</summary>\n\n{body}\n\n</details>"
+        summary = WORDS["solution"]
+        return f"<details>\n<summary>{summary}</summary>\n\n{body}\n\n</details>"
     if name in _ADMONITIONS:
         title = arg or name.capitalize()
         quoted = "\n".join("> " + line if line else ">" for line in body.split("\n"))
@@ -301,7 +332,11 @@ def _split_sources(cells: list) -> list:
     return out
 
 
-def convert(md_path: Path, url: str, branch: str) -> nbformat.NotebookNode:
+def convert(
+    md_path: Path, url: str, branch: str, language: str = "en"
+) -> nbformat.NotebookNode:
+    global WORDS
+    WORDS = EDITION_WORDS[language]
     nb = jupytext.read(md_path)
     cited = cited_keys(md_path.read_text())
     labels = labels_of(md_path.read_text())
@@ -313,8 +348,9 @@ def convert(md_path: Path, url: str, branch: str) -> nbformat.NotebookNode:
             if glued:
                 nb.cells[i] = cell = prose_cell(cell.source)
         cell.pop("id", None)
-    nb.cells.insert(0, install_cell(url, branch))
+    nb.cells.insert(0, install_cell(url, branch, language))
     nb.metadata.pop("jupytext", None)
+    nb.metadata.pop("translation", None)
     nb.metadata["colab"] = {"provenance": [], "toc_visible": True}
     nb.metadata["accelerator"] = "GPU"
     nb.nbformat, nb.nbformat_minor = 4, 5
@@ -323,8 +359,8 @@ def convert(md_path: Path, url: str, branch: str) -> nbformat.NotebookNode:
     return nb
 
 
-def chapters() -> list[Path]:
-    return sorted(p for p in BOOK.glob("*.md") if CHAPTER.match(p.name))
+def chapters(book: Path | None = None) -> list[Path]:
+    return sorted(p for p in (book or BOOK).glob("*.md") if CHAPTER.match(p.name))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -332,30 +368,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="fail if out of date")
     args = parser.parse_args(argv)
     url, branch = repository()
-    NOTEBOOKS.mkdir(exist_ok=True)
-    stale = []
-    expected = set()
-    for md in chapters():
-        out = NOTEBOOKS / f"{md.stem}.ipynb"
-        expected.add(out.name)
-        text = nbformat.writes(convert(md, url, branch)) + "\n"
-        if out.exists() and out.read_text() == text:
-            continue
-        stale.append(out.name)
-        if not args.check:
-            out.write_text(text)
-    extra = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb") if p.name not in expected)
+    stale, extra, expected = [], [], set()
+    for book, notebooks, language in editions():
+        found = chapters(book)
+        if found:
+            notebooks.mkdir(parents=True, exist_ok=True)
+        for md in found:
+            out = notebooks / f"{md.stem}.ipynb"
+            expected.add(out)
+            text = nbformat.writes(convert(md, url, branch, language)) + "\n"
+            if out.exists() and out.read_text() == text:
+                continue
+            stale.append(out.relative_to(NOTEBOOKS.parent).as_posix())
+            if not args.check:
+                out.write_text(text)
+        extra += sorted(p for p in notebooks.glob("*.ipynb") if p not in expected)
     if args.check and (stale or extra):
         print(
             "notebooks/ is out of date with book/: "
-            + ", ".join(stale + [f"{e} (no chapter)" for e in extra])
+            + ", ".join(stale + [f"{e.name} (no chapter)" for e in extra])
             + "\nRun `make notebooks` and commit the result.",
             file=sys.stderr,
         )
         return 1
     if not args.check:
-        for name in extra:
-            (NOTEBOOKS / name).unlink()
+        for path in extra:
+            path.unlink()
         print(f"notebooks/: {len(expected)} chapter(s), {len(stale)} rewritten")
     return 0
 

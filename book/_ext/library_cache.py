@@ -17,6 +17,11 @@ executes nothing. Caches of other library versions are deleted.
 At the end of a build it also logs each chapter's execution time (myst-nb's own
 measurement), marking the chapters taken from the cache, and the total executed in
 this build: the build log then shows where the build time goes (issue 14).
+
+The Chinese edition (``tools/build_book.py --edition zh``) is built from ``book/zh/``
+into another folder but is given the English build's cache folder
+(``nb_execution_cache_path``): both editions use one cache, and a Chinese page whose
+code cells equal its English page's is logged "from the cache".
 """
 
 from __future__ import annotations
@@ -101,10 +106,11 @@ def _log_execution_times(app, exception) -> None:
     if not rows:
         return
     # the longest pages start first in the next parallel build (tools/build_book.py)
+    # The Chinese edition's build shares the cache and this file: it adds its pages.
     record = Path(app.config.nb_execution_cache_path).parent / TIMES_FILE
-    record.write_text(
-        json.dumps({doc: round(sec, 1) for doc, sec, _ in rows}, indent=1)
-    )
+    times = json.loads(record.read_text()) if record.exists() else {}
+    times.update({doc: round(sec, 1) for doc, sec, _ in rows})
+    record.write_text(json.dumps(times, indent=1, sort_keys=True))
     LOGGER.info("execution time of each chapter (seconds):")
     for docname, seconds, fresh in rows:
         how = "executed" if fresh else "from the cache (executed earlier)"

@@ -1,7 +1,8 @@
 """Helpers shared by the browser tests (test_browser.py, test_a11y.py): the pages of
-_toc.yml, Debian's chromium and its flags, and ``Visit``, one page opened with its console
-errors and outside requests recorded. The ``server`` and ``browser`` fixtures are in
-conftest.py. Not a test module: test modules import this, never each other."""
+_toc.yml and of the Chinese edition's book/zh/_toc.yml ("zh/intro"), Debian's chromium
+and its flags, and ``Visit``, one page opened with its console errors and outside
+requests recorded. The ``server`` and ``browser`` fixtures are in conftest.py. Not a
+test module: test modules import this, never each other."""
 
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ FLAGS = [
 ]
 
 
-def toc_pages() -> list[str]:
-    """Every page of _toc.yml, in order, as its path without suffix ("book/01_qkv")."""
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+def toc_pages(toc_file: Path = ROOT / "_toc.yml") -> list[str]:
+    """Every page of a toc, in order, as its path without suffix ("book/01_qkv")."""
+    toc = yaml.safe_load(toc_file.read_text())
     pages = [toc["root"]]
 
     def walk(entries):
@@ -43,10 +44,12 @@ def toc_pages() -> list[str]:
 
 PAGES = toc_pages()
 CHAPTERS = [p for p in PAGES if Path(p).name[:2].isdigit()]
+# the Chinese edition, served under zh/ (tools/build_book.py --edition zh)
+ZH_PAGES = [f"zh/{page}" for page in toc_pages(ROOT / "book" / "zh" / "_toc.yml")]
 
 
 def short(page: str) -> str:
-    return Path(page).name
+    return ("zh-" if page.startswith("zh/") else "") + Path(page).name
 
 
 class Visit:

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
-from browsing import PAGES, Visit, short
+from browsing import PAGES, ZH_PAGES, Visit, short
 from bs4 import BeautifulSoup
 
 pytestmark = [pytest.mark.site, pytest.mark.browser]
@@ -48,7 +48,9 @@ def describe(violations: list[dict]) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize("name", [*PAGES, "search", "genindex"], ids=short)
+@pytest.mark.parametrize(
+    "name", [*PAGES, "search", "genindex", *ZH_PAGES, "zh/search"], ids=short
+)
 def test_no_serious_or_critical_axe_violation(browser, server, name):
     visit = Visit(browser, f"{server}/{name}.html")
     violations = axe_violations(visit.page)
@@ -92,7 +94,7 @@ def missing_alt(html: str) -> list[str]:
     return bad
 
 
-@pytest.mark.parametrize("name", PAGES, ids=short)
+@pytest.mark.parametrize("name", [*PAGES, *ZH_PAGES], ids=short)
 def test_every_figure_has_alt_text_or_a_caption(site, name):
     path = site / f"{name}.html"
     assert path.exists(), f"{path} was not built"

@@ -5,8 +5,9 @@ Every page loads without console errors and without any request to another host;
 every chapter page every animation plays (moving its slider changes the frame), every
 interactive view responds to each of its controls, every exercise solution starts hidden
 and opens on click, and the math renders. The search page finds "multi-head" once
-chapter 3 is in the toc. A full-page screenshot of every chapter lands in
-_build/screenshots/ for review.
+chapter 3 is in the toc, and the Chinese search page finds a Chinese word; Chinese
+headings render in a CJK font, not as empty boxes (tofu). A full-page screenshot of
+every chapter lands in _build/screenshots/ for review.
 
 Each check is a helper that returns the problems it found, and each helper is shown
 rejecting a known-broken page at the end of the file.
@@ -17,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from browsing import CHAPTERS, PAGES, Visit, short
+from browsing import CHAPTERS, PAGES, ZH_PAGES, Visit, short
 
 pytestmark = pytest.mark.browser
 
@@ -215,10 +216,48 @@ def animation_control_problems(page) -> list[str]:
     return problems
 
 
+TOFU_JS = """([text, font]) => {
+  const draw = (ch) => {
+    const c = document.createElement('canvas');
+    c.width = 64; c.height = 64;
+    const g = c.getContext('2d');
+    g.font = font; g.textBaseline = 'top'; g.fillText(ch, 4, 4);
+    return c.toDataURL();
+  };
+  const box = draw('\\uE000');  // a private-use character: no font has a glyph for it
+  const chars = [...new Set([...text].filter(ch => ch.charCodeAt(0) > 0x2E80))];
+  const seen = new Map();
+  return chars.filter(ch => {
+    const image = draw(ch);
+    const tofu = image === box || seen.has(image);
+    seen.set(image, ch);
+    return tofu;
+  });
+}"""
+
+
+def tofu(page, text: str, font: str) -> list[str]:
+    """The CJK characters of ``text`` that render, in ``font`` (CSS shorthand), as the
+    same box as a character no font has, or as the same image as another character."""
+    return page.evaluate(TOFU_JS, [text, font])
+
+
+def heading_tofu(page) -> list[str]:
+    """tofu() of the page's first heading, in the heading's own computed font."""
+    heading = page.locator("h1").first
+    font = heading.evaluate(
+        "el => { const s = getComputedStyle(el);"
+        " return `${s.fontWeight} ${s.fontSize} ${s.fontFamily}`; }"
+    )
+    return tofu(page, heading.inner_text(), font)
+
+
 # -- the site ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", [*PAGES, "search", "genindex"], ids=short)
+@pytest.mark.parametrize(
+    "name", [*PAGES, "search", "genindex", *ZH_PAGES, "zh/search"], ids=short
+)
 def test_page_loads_cleanly_and_stays_on_this_host(browser, server, name):
     visit = Visit(browser, f"{server}/{name}.html")
     if name in CHAPTERS:
@@ -261,7 +300,7 @@ def test_every_solution_starts_hidden_and_opens_on_click(browser, server, name):
     assert not problems, f"{short(name)}: {problems}"
 
 
-@pytest.mark.parametrize("name", PAGES, ids=short)
+@pytest.mark.parametrize("name", [*PAGES, *ZH_PAGES], ids=short)
 def test_math_renders(browser, server, name):
     page = Visit(browser, f"{server}/{name}.html").page
     problems = math_problems(page)
@@ -280,6 +319,37 @@ def test_search_finds_multi_head(browser, server):
     )
     page.close()
     assert any("03_multi_head" in h for h in hrefs), hrefs
+
+
+@pytest.mark.parametrize("name", ZH_PAGES, ids=short)
+def test_chinese_headings_render_in_a_cjk_font(browser, server, name):
+    page = Visit(browser, f"{server}/{name}.html").page
+    text = page.locator("h1").first.inner_text()
+    missing = heading_tofu(page)
+    page.close()
+    assert any(ord(ch) > 0x2E80 for ch in text), f"{name}: no Chinese heading: {text}"
+    assert not missing, (
+        f"{name}: {missing} render as empty boxes (install fonts-noto-cjk)"
+    )
+
+
+def test_tofu_check_rejects_characters_no_font_has(browser):
+    page = browser.new_page()
+    page.set_content("<html lang='zh-CN'><body><h1>注意力</h1></body></html>")
+    assert tofu(page, "\ue001\ue002", "16px sans-serif") == ["\ue001", "\ue002"]
+    assert tofu(page, "注意力", "16px sans-serif") == []
+    page.close()
+
+
+@pytest.mark.skipif(not ZH_PAGES, reason="no Chinese page")
+def test_chinese_search_finds_a_chinese_word(browser, server):
+    page = Visit(browser, f"{server}/zh/search.html?q=沙箱").page
+    page.wait_for_selector("#search-results ul.search li a", timeout=60_000)
+    hrefs = page.eval_on_selector_all(
+        "#search-results ul.search li a", "els => els.map(e => e.getAttribute('href'))"
+    )
+    page.close()
+    assert any("instructor_guide" in h for h in hrefs), hrefs
 
 
 # -- every check rejects a known-broken page ---------------------------------------------

@@ -140,3 +140,77 @@ def test_citations_resolve(site):
     text = soup.get_text()
     assert "Vaswani" in text and "Bahdanau" in text
     assert cites or soup.select("div.citation"), "no resolved citation"
+
+
+# -- the Chinese edition (book/zh/, built into _build/html/zh/) -------------------------
+
+ZH_PAGES = [
+    p.stem
+    for p in sorted((ROOT / "book" / "zh").glob("*.md"))
+    if p.stem in (ROOT / "book" / "zh" / "_toc.yml").read_text()
+]
+
+
+def zh_page(site: Path, name: str) -> BeautifulSoup:
+    path = site / "zh" / f"{name}.html"
+    assert path.exists(), f"{path} was not built (tools/build_book.py --edition zh)"
+    return BeautifulSoup(path.read_text(), "html.parser")
+
+
+def broken_links(html_file: Path, soup: BeautifulSoup) -> list[str]:
+    """Links of a page to this site that point at no file."""
+    bad = []
+    for a in soup.find_all("a", href=True):
+        href = a["href"].split("#")[0].split("?")[0]
+        if not href or re.match(r"^([a-z]+:|//)", href):
+            continue
+        if not (html_file.parent / href).resolve().exists():
+            bad.append(a["href"])
+    return bad
+
+
+@pytest.mark.parametrize("name", ZH_PAGES)
+def test_chinese_page_is_built_in_chinese(site, name):
+    soup = zh_page(site, name)
+    assert soup.html.get("lang") == "zh-CN"
+    assert re.search(r"[\u4e00-\u9fff]", soup.find("h1").get_text()), name
+
+
+@pytest.mark.parametrize("name", ZH_PAGES)
+def test_each_edition_links_to_the_other(site, name):
+    to_english = [a["href"] for a in zh_page(site, name).select("p.edition-link a")]
+    assert to_english == [f"../book/{name}.html"]
+    english = BeautifulSoup((site / "book" / f"{name}.html").read_text(), "html.parser")
+    to_chinese = [a["href"] for a in english.select("p.edition-link a")]
+    assert to_chinese == [f"../zh/{name}.html"]
+
+
+@pytest.mark.parametrize("name", ZH_PAGES)
+def test_every_link_of_a_chinese_page_resolves(site, name):
+    path = site / "zh" / f"{name}.html"
+    assert not broken_links(path, zh_page(site, name))
+
+
+def test_link_check_rejects_a_missing_page(tmp_path):
+    page = tmp_path / "zh" / "intro.html"
+    page.parent.mkdir()
+    page.write_text("")
+    (tmp_path / "book").mkdir()
+    (tmp_path / "book" / "intro.html").write_text("")
+    soup = BeautifulSoup(
+        '<a href="../book/intro.html#x">ok</a><a href="../book/gone.html">no</a>'
+        '<a href="https://example.org">out</a><a href="#top">here</a>',
+        "html.parser",
+    )
+    assert broken_links(page, soup) == ["../book/gone.html"]
+
+
+@pytest.mark.parametrize("name", ZH_PAGES)
+def test_nothing_is_loaded_from_another_host_in_chinese(site, name):
+    soup = zh_page(site, name)
+    for el in soup.find_all(["script", "img", "iframe"], src=True):
+        assert not re.match(r"^(https?:)?//", el["src"]), f"{name}: loads {el['src']}"
+    for el in soup.find_all("link", href=True):
+        rel = el.get("rel", [])
+        if "stylesheet" in rel or "preload" in rel:
+            assert not re.match(r"^(https?:)?//", el["href"]), el["href"]

@@ -33,10 +33,11 @@ def _machine(
     font: bool = False,
 ):
     """A fake machine: stub commands on PATH; apt-get logs its arguments and, on
-    install, creates the chromium and font files."""
+    install, creates the chromium and font files (DejaVu and Noto CJK)."""
     bin_dir, log = tmp_path / "bin", tmp_path / "apt.log"
     bin_dir.mkdir(parents=True)
     chrome, font_file = tmp_path / "usr-bin-chromium", tmp_path / "DejaVuSans.ttf"
+    cjk_file = tmp_path / "NotoSansCJK-Regular.ttc"
     _stub(bin_dir, "id", f'[ "$1" = -u ] && echo {uid}')
     if apt:
         _stub(
@@ -44,7 +45,8 @@ def _machine(
             "apt-get",
             f'echo "$@" >> {log}\n'
             f'if [ "$1" = install ] || [ "$2" = install ]; then\n'
-            f"  echo > {font_file}; echo > {chrome}; /bin/chmod +x {chrome}\nfi",
+            f"  echo > {font_file}; echo > {cjk_file}; echo > {chrome}; "
+            f"/bin/chmod +x {chrome}\nfi",
         )
     if sudo == "passwordless":
         _stub(bin_dir, "sudo", '[ "$1" = -n ] && shift\n"$@"')
@@ -55,7 +57,13 @@ def _machine(
         chrome.chmod(0o755)
     if font:
         font_file.write_text("")
-    env = {"PATH": str(bin_dir), "CHROMIUM": str(chrome), "FONT": str(font_file)}
+        cjk_file.write_text("")
+    env = {
+        "PATH": str(bin_dir),
+        "CHROMIUM": str(chrome),
+        "FONT": str(font_file),
+        "CJK_FONT": str(cjk_file),
+    }
     return env, log, chrome
 
 
@@ -96,7 +104,7 @@ def test_setup_installs_chromium_and_fonts_when_it_may(tmp_path, uid, sudo):
     calls = log.read_text().splitlines()
     assert calls[0].startswith("update")
     assert calls[1].startswith("install") and calls[1].endswith(
-        "chromium fonts-dejavu-core"
+        "chromium fonts-dejavu-core fonts-noto-cjk"
     )
     assert chrome.exists()
 
@@ -113,6 +121,12 @@ def test_setup_does_nothing_when_chromium_is_there(tmp_path):
         tmp_path / "nofont", uid=0, sudo=None, apt=True, chromium=True
     )
     assert _run(env).returncode == 0 and log.exists()
+    # nor with only the CJK font missing (the Chinese pages would render as boxes)
+    env, log, _ = _machine(
+        tmp_path / "nocjk", uid=0, sudo=None, apt=True, chromium=True, font=True
+    )
+    Path(env["CJK_FONT"]).unlink()
+    assert _run(env).returncode == 0 and "fonts-noto-cjk" in log.read_text()
 
 
 def _sandbox_machine(tmp_path: Path, *, uid: int, sudo: str | None, apt: bool):

@@ -305,3 +305,34 @@ def test_chapters_glue_through_the_library(chapter):
     text = chapter.read_text()
     assert "from myst_nb import glue" not in text, chapter.name
     assert "from transformer_course.viz.glue import glue" in text or "glue(" not in text
+
+
+def test_chinese_notebooks_set_the_language_before_the_library_is_imported(
+    tmp_path, monkeypatch
+):
+    book, notebooks = tmp_path / "book", tmp_path / "notebooks"
+    (book / "zh").mkdir(parents=True)
+    chapter = CHAPTERS[0]
+    shutil.copy(chapter, book / chapter.name)
+    shutil.copy(chapter, book / "zh" / chapter.name)  # a stand-in translation
+    monkeypatch.setattr(sync, "BOOK", book)
+    monkeypatch.setattr(sync, "NOTEBOOKS", notebooks)
+    assert sync.main([]) == 0 and sync.main(["--check"]) == 0
+    zh = nbformat.read(notebooks / "zh" / f"{chapter.stem}.ipynb", as_version=4)
+    en = nbformat.read(notebooks / f"{chapter.stem}.ipynb", as_version=4)
+    setup = zh.cells[0].source
+    assert 'os.environ["TRANSFORMER_COURSE_LANG"] = "zh"' in setup
+    assert setup.index("TRANSFORMER_COURSE_LANG") < setup.index("transformer_course")
+    assert "TRANSFORMER_COURSE_LANG" not in en.cells[0].source
+    compile(setup, "install-cell", "exec")
+    code = [c.source for c in zh.cells[1:] if c.cell_type == "code"]
+    assert code == [c.source for c in en.cells[1:] if c.cell_type == "code"]
+    markdown = "\n".join(c.source for c in zh.cells if c.cell_type == "markdown")
+    assert "#### 练习：" in markdown and "<summary>参考答案" in markdown
+    (notebooks / "zh" / "99_gone.ipynb").write_text("{}")
+    assert sync.main(["--check"]) == 1  # a Chinese notebook with no chapter
+
+
+def test_every_chinese_chapter_has_its_notebook():
+    zh = {p.stem for p in sync.chapters(ROOT / "book" / "zh")}
+    assert zh == {p.stem for p in (ROOT / "notebooks" / "zh").glob("*.ipynb")}

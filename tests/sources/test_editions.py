@@ -1,0 +1,150 @@
+"""The machinery that makes the English and the Chinese edition one site: the Chinese
+build's configuration (tools/build_book.py --edition zh: the English one plus
+book/zh/edition.yml, sharing the English execution cache), the links between
+counterparts and the English fallback of untranslated {doc} targets
+(book/_ext/editions.py), the Chinese Colab link (book/_ext/course_site.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from docutils import nodes
+from sphinx.addnodes import pending_xref
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+build_book = load("build_book", ROOT / "tools" / "build_book.py")
+editions = load("editions", ROOT / "book" / "_ext" / "editions.py")
+course_site = load("course_site", ROOT / "book" / "_ext" / "course_site.py")
+
+ENGLISH = yaml.safe_load((ROOT / "_config.yml").read_text())
+CHINESE = yaml.safe_load((ROOT / "book" / "zh" / "edition.yml").read_text())
+
+
+def test_chinese_build_shares_the_english_execution_cache():
+    config = build_book.chinese_config(ENGLISH, CHINESE)
+    # what myst-nb and book/_ext/library_cache.py use for the English build in _build/html
+    english_cache = (ROOT / "_build" / "html").parent / ".jupyter_cache"
+    assert Path(config["execute"]["cache"]) == english_cache
+    assert "cache" not in ENGLISH["execute"], "the English build derives its own"
+
+
+def test_chinese_config_is_the_english_one_in_chinese_with_absolute_paths():
+    config = build_book.chinese_config(ENGLISH, CHINESE)
+    sphinx = config["sphinx"]
+    assert sphinx["config"]["language"] == "zh_CN"
+    assert config["title"] == CHINESE["title"] != ENGLISH["title"]
+    assert set(sphinx["local_extensions"]) == set(ENGLISH["sphinx"]["local_extensions"])
+    assert "editions" in sphinx["local_extensions"]
+    paths = [
+        *sphinx["local_extensions"].values(),
+        *config["bibtex_bibfiles"],
+        config["html"]["favicon"],
+    ]
+    for path in paths:
+        assert Path(path).is_absolute() and Path(path).exists(), path
+    for key, value in ENGLISH["sphinx"]["config"].items():
+        if key != "html_static_path":
+            assert sphinx["config"][key] == value, key
+    assert ENGLISH["sphinx"]["config"].get("language") is None  # not changed in place
+
+
+def app(language: str | None, srcdir: Path) -> SimpleNamespace:
+    return SimpleNamespace(
+        config=SimpleNamespace(language=language), srcdir=str(srcdir)
+    )
+
+
+EN, ZH = app(None, ROOT), app("zh_CN", ROOT / "book" / "zh")
+
+
+@pytest.mark.parametrize(
+    ("build", "page", "expected"),
+    [
+        (EN, "book/intro", ("../zh/intro.html", "中文")),
+        (EN, "book/01_qkv", None),  # not translated yet
+        (EN, "genindex", None),
+        (ZH, "intro", ("../book/intro.html", "English")),
+        (ZH, "search", None),
+    ],
+)
+def test_each_page_links_to_its_counterpart(build, page, expected):
+    assert editions.counterpart(build, page) == expected
+
+
+def doc_reference(target: str, explicit: bool = False) -> pending_xref:
+    node = pending_xref(
+        "", reftype="doc", refdomain="std", reftarget=target, refexplicit=explicit
+    )
+    node += nodes.inline(target, target)
+    return node
+
+
+def test_an_untranslated_doc_target_resolves_to_the_english_page():
+    node = doc_reference("02_scaled_dot_product")
+    reference = editions._english_fallback(ZH, None, node, node[0])
+    assert reference["refuri"] == "../book/02_scaled_dot_product.html"
+    title = editions.english_title(ROOT / "book" / "02_scaled_dot_product.md")
+    assert reference.astext() == title + "（英文）"
+    explicit = doc_reference("05_masks", explicit=True)
+    assert editions._english_fallback(ZH, None, explicit, explicit[0]).astext() == (
+        "05_masks"
+    )
+
+
+def test_english_fallback_leaves_other_references_alone():
+    assert editions._english_fallback(EN, None, doc_reference("01_qkv"), None) is None
+    missing = doc_reference("99_nowhere")
+    assert editions._english_fallback(ZH, None, missing, missing[0]) is None
+    label = doc_reference("sec-x")
+    label["reftype"] = "ref"
+    assert editions._english_fallback(ZH, None, label, label[0]) is None
+
+
+def test_chinese_colab_link_opens_the_chinese_notebook():
+    url = course_site.colab_url(
+        "https://github.com/o/r", "main", "01_qkv", "notebooks/zh"
+    )
+    assert url.endswith("/o/r/blob/main/notebooks/zh/01_qkv.ipynb")
+    assert course_site.colab_url("https://github.com/o/r", "main", "01_qkv").endswith(
+        "/blob/main/notebooks/01_qkv.ipynb"
+    )
+
+
+def test_make_book_builds_both_editions():
+    recipe = (ROOT / "Makefile").read_text().split("\nbook:")[1].split("\n\n")[0]
+    assert "tools/build_book.py . -W" in recipe
+    assert "tools/build_book.py --edition zh -W" in recipe
+    assert sys.modules.get("jieba") or importlib.util.find_spec("jieba"), (
+        "jieba (requirements.txt) is needed for the Chinese search"
+    )
+
+
+def test_the_chinese_build_adds_its_times_to_the_english_record(tmp_path):
+    library_cache = load("library_cache", ROOT / "book" / "_ext" / "library_cache.py")
+    cache = tmp_path / ".jupyter_cache" / "library-abc"
+    record = tmp_path / ".jupyter_cache" / library_cache.TIMES_FILE
+    record.parent.mkdir()
+    record.write_text('{"book/06_transformer": 229.0}')
+    chinese = SimpleNamespace(
+        env=SimpleNamespace(
+            nb_metadata={"intro": {"exec_data": {"runtime": 2.5, "mtime": 0}}}
+        ),
+        config=SimpleNamespace(nb_execution_cache_path=str(cache)),
+    )
+    library_cache._log_execution_times(chinese, None)
+    times = yaml.safe_load(record.read_text())
+    assert times == {"book/06_transformer": 229.0, "intro": 2.5}

@@ -1,0 +1,276 @@
+"""The Chinese edition (book/zh/) against the English one (book/): stamp and status.
+
+    python tools/translation.py stamp book/zh/intro.md   # record the English file's sha256
+    python tools/translation.py status                   # stale, missing, not translated yet
+
+A Chinese page records, in its front matter, the English file it was translated from and
+that file's sha256::
+
+    translation:
+      source: book/intro.md
+      sha256: 3f1c...
+
+When the English file changes, the page is *stale* (tests/sources/test_translations.py
+fails) until its translation is updated and stamped again. ``status`` exits 1 when a page
+is stale or an English page is neither translated nor listed in ``NOT_TRANSLATED_YET``.
+
+The functions below also extract what must be identical in both editions (code cells,
+directives, glue names, cross-reference labels); the tests compare them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK, ZH = ROOT / "book", ROOT / "book" / "zh"
+
+# English pages with no Chinese page yet: the one list of the gap (README quotes it).
+# Chapters 1-10 wait for issue 25's rewrite of their code cells to land.
+NOT_TRANSLATED_YET = (
+    "01_qkv",
+    "02_scaled_dot_product",
+    "03_multi_head",
+    "04_positional_encoding",
+    "05_masks",
+    "06_transformer",
+    "07_optimizations",
+    "08_beyond_text",
+    "09_smaller_models",
+    "10_modern_llm",
+)
+
+_FRONT = re.compile(r"\A---\n(?P<yaml>.*?\n)---\n", re.DOTALL)
+_CODE_CELL = re.compile(
+    r"^(?P<fence>`{3,})\{code-cell\}[^\n]*\n.*?^(?P=fence)[ \t]*$",
+    re.MULTILINE | re.DOTALL,
+)
+_OPENING = re.compile(
+    r"^\s*(?P<fence>`{3,}|:{3,})\{(?P<name>[\w:-]+)\}[ \t]*(?P<arg>.*)$"
+)
+_ROLE = re.compile(r"\{(?P<role>[\w:-]+)\}`(?P<text>[^`]*)`")
+_FENCED = re.compile(r"^(`{3,}|~{3,}).*?^\1[ \t]*$", re.MULTILINE | re.DOTALL)
+_TARGET = re.compile(r"^\((?P<label>[\w:.-]+)\)=[ \t]*$", re.MULTILINE)
+REF_ROLES = ("ref", "numref", "doc", "eq", "term", "prf:ref")
+KEEP_ARGUMENT = (
+    "figure",
+    "image",
+    "literalinclude",
+    "solution",
+    "glue:figure",
+    "glue:any",
+)
+
+
+def english_pages(toc: Path = ROOT / "_toc.yml") -> list[str]:
+    """The English pages of the table of contents, as names ("intro", "01_qkv")."""
+    text = toc.read_text(encoding="utf-8")
+    names = [yaml.safe_load(text)["root"]] + re.findall(r"file:\s*(\S+)", text)
+    return [Path(name).name for name in names]
+
+
+def english_source(zh_page: Path) -> Path:
+    """book/zh/X.md -> book/X.md."""
+    return zh_page.parent.parent / zh_page.name
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def front_matter(text: str) -> dict:
+    match = _FRONT.match(text)
+    return (yaml.safe_load(match["yaml"]) or {}) if match else {}
+
+
+def recorded(zh_page: Path) -> dict:
+    """The page's ``translation`` field ({} when it has none)."""
+    return front_matter(zh_page.read_text(encoding="utf-8")).get("translation") or {}
+
+
+def stamp(zh_page: Path) -> str:
+    """Record the sha256 of the English source in the page's front matter; returns it.
+
+    Raises:
+        FileNotFoundError: the English page ``book/<name>`` does not exist.
+    """
+    source = english_source(zh_page)
+    if not source.exists():
+        raise FileNotFoundError(f"zh_page: no English page {source} for {zh_page}")
+    digest = sha256(source)
+    block = (
+        "translation:\n"
+        f"  source: {source.relative_to(source.parent.parent).as_posix()}\n"
+        f"  sha256: {digest}\n"
+    )
+    text = zh_page.read_text(encoding="utf-8")
+    match = _FRONT.match(text)
+    if match is None:
+        text = f"---\n{block}---\n\n{text}"
+    else:
+        head = re.sub(
+            r"^translation:\n(?:  .*\n)*", "", match["yaml"], flags=re.MULTILINE
+        )
+        text = f"---\n{head}{block}---\n" + text[match.end() :]
+    zh_page.write_text(text, encoding="utf-8")
+    return digest
+
+
+def is_stale(zh_page: Path) -> bool:
+    """True when the English source changed since the page was stamped (or never was)."""
+    source = english_source(zh_page)
+    return not source.exists() or recorded(zh_page).get("sha256") != sha256(source)
+
+
+def code_cells(text: str) -> list[str]:
+    """Every ``{code-cell}`` block, fence, options and tags included, in order."""
+    return [m[0] for m in _CODE_CELL.finditer(text)]
+
+
+def _without_code(text: str) -> str:
+    return _CODE_CELL.sub("", text)
+
+
+def directives(text: str) -> list[tuple[str, str, str, str]]:
+    """(kind, :label:, :class:, argument when it is a path) of every directive other
+    than code cells, in order. Titles are prose and may differ."""
+    found, lines = [], _without_code(text).split("\n")
+    for i, line in enumerate(lines):
+        match = _OPENING.match(line)
+        if match is None:
+            continue
+        options = {}
+        for option in lines[i + 1 :]:
+            key = re.match(r"^\s*:([\w-]+):\s*(.*)$", option)
+            if key is None:
+                break
+            options[key[1]] = key[2].strip()
+        name = match["name"]
+        argument = match["arg"].strip() if name in KEEP_ARGUMENT else ""
+        found.append(
+            (name, options.get("label", ""), options.get("class", ""), argument)
+        )
+    return found
+
+
+def heading_levels(text: str) -> list[int]:
+    """The level of every heading outside code, in order: the page's outline."""
+    text = _FENCED.sub("", _FRONT.sub("", text))
+    return [len(m) for m in re.findall(r"^(#{1,6})\s", text, flags=re.MULTILINE)]
+
+
+def glue_names(text: str) -> Counter:
+    """The glued values the prose quotes (role text, format included), with counts."""
+    return Counter(
+        m["text"] for m in _ROLE.finditer(text) if m["role"].startswith("glue")
+    )
+
+
+def labels(text: str) -> dict[str, Counter]:
+    """Cross-reference targets ``(label)=`` and references (ref, numref, doc, eq, cite)."""
+    refs = Counter()
+    for m in _ROLE.finditer(_without_code(text)):
+        if m["role"] in REF_ROLES or m["role"].startswith("cite"):
+            target = re.search(r"<([^>]+)>\s*$", m["text"])
+            refs[f"{m['role']}:{target[1] if target else m['text']}"] += 1
+    return {"targets": Counter(_TARGET.findall(text)), "references": refs}
+
+
+GLOSSARY = ZH / "glossary.yml"
+
+
+def glossary(path: Path = GLOSSARY) -> list[dict]:
+    """The terms of book/zh/glossary.yml: dicts with en, zh, reject, en_pattern."""
+    return yaml.safe_load(path.read_text(encoding="utf-8"))["terms"]
+
+
+def prose(text: str) -> str:
+    """A page's text without front matter, code (cells, blocks, inline: "CODE"), math,
+    roles and link targets: what a glossary term is looked for in."""
+    text = _FRONT.sub("", text)
+    text = _FENCED.sub("", text)
+    text = re.sub(r"\$\$.*?\$\$|\$[^$\n]+\$", " ", text, flags=re.DOTALL)
+    text = _ROLE.sub(" ", text)
+    text = re.sub(r"`[^`\n]+`", " CODE ", text)
+    text = re.sub(r"\]\([^)]*\)|https?://\S+", " ", text)
+    return text
+
+
+def english_pattern(term: dict) -> re.Pattern:
+    """The English term as a whole word, any case, plural and hyphen/space variants."""
+    if term.get("en_pattern"):
+        return re.compile(term["en_pattern"], re.IGNORECASE)
+    words = [re.escape(w) for w in re.split(r"[\s-]+", term["en"])]
+    last = words[-1]
+    words[-1] = last[:-1] + "(?:y|ies)" if last.endswith("y") else last + "(?:e?s)?"
+    return re.compile(r"\b" + r"[\s-]+".join(words) + r"\b", re.IGNORECASE)
+
+
+def glossary_problems(english: str, chinese: str, terms: list[dict]) -> list[str]:
+    """Where the English text uses a term but the Chinese text lacks its Chinese term,
+    and every rejected variant the Chinese text uses."""
+    en, zh = prose(english), prose(chinese)
+    problems = []
+    for term in terms:
+        if english_pattern(term).search(en) and term["zh"] not in zh:
+            problems.append(f"{term['en']!r} is used in English but not {term['zh']!r}")
+        for variant in term.get("reject") or []:
+            if variant in zh:
+                problems.append(f"{variant!r}: write {term['zh']!r} ({term['en']})")
+    return problems
+
+
+def status(root: Path = ROOT) -> list[str]:
+    """One line per problem: a stale translation, an English page neither translated
+    nor listed in NOT_TRANSLATED_YET, a listed page that is translated after all."""
+    book, zh = root / "book", root / "book" / "zh"
+    problems = []
+    for name in english_pages(root / "_toc.yml"):
+        page = zh / f"{name}.md"
+        if page.exists() and name in NOT_TRANSLATED_YET:
+            problems.append(f"{name}: translated, remove it from NOT_TRANSLATED_YET")
+        elif page.exists() and is_stale(page):
+            problems.append(
+                f"{name}: stale, book/{name}.md changed since the translation was "
+                f"stamped: update book/zh/{name}.md, then "
+                f"`python tools/translation.py stamp book/zh/{name}.md`"
+            )
+        elif not page.exists() and name not in NOT_TRANSLATED_YET:
+            problems.append(
+                f"{name}: missing, translate book/{name}.md or list it in "
+                "NOT_TRANSLATED_YET (tools/translation.py)"
+            )
+    for page in sorted(zh.glob("*.md")):
+        if not (book / page.name).exists():
+            problems.append(f"{page.stem}: a Chinese page with no English page")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    stamping = commands.add_parser("stamp", help="record the English file's sha256")
+    stamping.add_argument("pages", nargs="+", type=Path)
+    commands.add_parser("status", help="list stale or missing translations")
+    args = parser.parse_args(argv)
+    if args.command == "stamp":
+        for page in args.pages:
+            print(f"{page}: {stamp(page)}")
+        return 0
+    problems = status()
+    translated = sorted(p.stem for p in ZH.glob("*.md"))
+    print(f"translated: {', '.join(translated) or 'none'}")
+    print(f"not translated yet: {', '.join(NOT_TRANSLATED_YET) or 'none'}")
+    print("\n".join(problems) if problems else "every translation is up to date")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
