@@ -10,10 +10,12 @@ from __future__ import annotations
 import ast
 import re
 import string
+from pathlib import Path
 
 import exercise_messages  # tools/, on pytest's pythonpath
 import pytest
 import torch
+import yaml
 
 from transformer_course.attention import masked_softmax, scaled_dot_product_attention
 from transformer_course.exercises import (
@@ -468,17 +470,16 @@ TERMS = {
     "encoder": "编码器",
     "decoder": "解码器",
 }
-REJECTED = (
-    "令牌",
-    "遮罩",
-    "蒙版",
-    "批次",
-    "补齐",
-    "词汇表",
-    "习题",
-    "层归一化",
-    "平铺",
-)
+GLOSSARY = yaml.safe_load(
+    (Path(__file__).resolve().parents[2] / "book" / "zh" / "glossary.yml").read_text()
+)["terms"]
+REJECTED = tuple(dict.fromkeys(r for t in GLOSSARY for r in t.get("reject", ())))
+
+
+def test_message_terms_are_the_glossarys():
+    chinese = {t["zh"] for t in GLOSSARY}
+    assert {zh for zh in TERMS.values()} - chinese <= {"教师", "学生"}  # 教师模型, ...
+    assert "令牌" in REJECTED and "遮罩" in REJECTED  # read from the glossary file
 
 
 def _glossary_problems(en: str, zh: str) -> list[str]:
