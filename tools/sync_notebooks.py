@@ -50,8 +50,21 @@ def repository() -> tuple[str, str]:
 
 # The words the conversion adds, per edition; convert() sets WORDS for its chapter.
 EDITION_WORDS = {
-    "en": {"exercise": "Exercise", "solution": "Solution (click to open)", "sep": ": "},
-    "zh": {"exercise": "练习", "solution": "参考答案（点击展开）", "sep": "："},
+    "en": {
+        "exercise": "Exercise",
+        "solution": "Solution (click to open)",
+        "sep": ": ",
+        "pitfalls": "*The text and the self-check messages cite pitfalls by id, such as "
+        "P16: the book's [Pitfall index]({url}) says what each one is and where it was "
+        "reported.*",
+    },
+    "zh": {
+        "exercise": "练习",
+        "solution": "参考答案（点击展开）",
+        "sep": "：",
+        "pitfalls": "*正文和自测信息用编号（例如 P16）指称常见陷阱：本书的"
+        "[常见陷阱索引]({url})说明每一个是什么、在哪里被报告过。*",
+    },
 }
 WORDS = EDITION_WORDS["en"]
 
@@ -349,6 +362,10 @@ def convert(
                 nb.cells[i] = cell = prose_cell(cell.source)
         cell.pop("id", None)
     nb.cells.insert(0, install_cell(url, branch, language))
+    # the pitfall ids (P1 ...) cited by the text and the checks, looked up from Colab
+    index = f"{url}/blob/{branch}/book/{'' if language == 'en' else language + '/'}"
+    pointer = WORDS["pitfalls"].format(url=index + "pitfalls.md")
+    nb.cells.insert(2, nbformat.v4.new_markdown_cell(pointer))
     nb.metadata.pop("jupytext", None)
     nb.metadata.pop("translation", None)
     nb.metadata["colab"] = {"provenance": [], "toc_visible": True}

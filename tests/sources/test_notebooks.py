@@ -336,3 +336,23 @@ def test_chinese_notebooks_set_the_language_before_the_library_is_imported(
 def test_every_chinese_chapter_has_its_notebook():
     zh = {p.stem for p in sync.chapters(ROOT / "book" / "zh")}
     assert zh == {p.stem for p in (ROOT / "notebooks" / "zh").glob("*.ipynb")}
+
+
+@pytest.mark.parametrize(
+    "notebook",
+    sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")),
+    ids=lambda p: p.stem,
+)
+def test_notebook_points_to_the_pitfall_index(notebook):
+    """A Colab learner meeting "(pitfall P16)" can look it up (learner trial L8): the
+    notebook links the index page of the repository, a file that exists."""
+    cells = nbformat.read(notebook, as_version=4).cells
+    links = [
+        m
+        for c in cells
+        if c.cell_type == "markdown"
+        for m in re.findall(r"\]\((https://[^)]+/pitfalls\.md)\)", c.source)
+    ]
+    assert len(links) == 1, links
+    path = links[0].split("/blob/", 1)[1].split("/", 1)[1]  # after the branch
+    assert (ROOT / path).exists(), path
