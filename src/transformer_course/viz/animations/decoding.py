@@ -135,18 +135,18 @@ def beam_search_animation(
             row = int(steps[t][0][row])
     fig, ax = plt.subplots(figsize=(7.0, 1.2 + 0.7 * k), dpi=style.SAVE_DPI)
     fig.subplots_adjust(left=0.02, right=0.98, bottom=0.14, top=0.82)
-    ax.set_xlim(-0.7, n - 0.3)
-    ax.set_ylim(k - 0.4, -0.8)
+    ax.set_xlim(-1.5, n - 0.5)
+    ax.set_ylim(k - 0.5, -0.6)
     ax.axis("off")
-    ax.text(-0.5, -0.5, "<bos>", ha="center", va="center")
+    ax.text(-1, 0, "<bos>", ha="center", va="center")
     artists = []
     for t, (parents, tokens, scores) in enumerate(steps):
         items = []
         for r in range(k):
             done = tokens[r] == "<pad>"
-            x0, y0 = (t - 1, int(parents[r])) if t else (-0.5, -0.5)
+            x0, y0 = (t - 1, int(parents[r])) if t else (-1, 0)
             (line,) = ax.plot(
-                [x0 + 0.25, t - 0.3], [y0, r], color=style.ROLE_COLORS["residual"], lw=1
+                [x0 + 0.4, t - 0.4], [y0, r], color=style.ROLE_COLORS["residual"], lw=1
             )
             label = ax.text(
                 t,
