@@ -116,7 +116,7 @@ def mask_scores_animation(
         for name, m in shown.items()
         for r in ([t - 1] if (m == m[:1]).all() else range(t))
     ]
-    fig, (ax_s, ax_w) = plt.subplots(1, 2, figsize=(6.8, 3.3), dpi=style.SAVE_DPI)
+    fig, (ax_s, ax_w) = plt.subplots(1, 2, figsize=(6.8, 3.8), dpi=style.SAVE_DPI)
     fig.subplots_adjust(left=0.08, right=0.98, bottom=0.15, top=0.8, wspace=0.3)
     scores_cmap = LinearSegmentedColormap.from_list(
         "scores", [style.tint(style.ROLE_COLORS["key"], 0.9), style.ROLE_COLORS["key"]]
