@@ -4,6 +4,7 @@ of every figure, animation and interactive view."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 import subprocess
@@ -518,3 +519,220 @@ def test_an_animation_is_laid_out_once(monkeypatch):
     assert html.data.count("data:image/png;base64") == 4
     assert len(solved) == 1  # a known-wrong renderer solves it 4 or 8 times
     assert not isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)
+
+
+# ---------------------------------------------------------------- chapters 5 and 6
+# viz.animations.masks (chapter 5) and viz.animations.decoding (chapter 6): each test
+# catches the Animation before it is rendered (``animation_html`` replaced) and reads
+# what a frame draws.
+
+
+def _caught(monkeypatch, module):
+    """Make ``module``'s animations return their Animation instead of HTML."""
+    monkeypatch.setattr(module, "animation_html", lambda anim, **kw: anim)
+
+
+def _chapter5_scores():
+    from transformer_course import scaled_dot_product_attention
+    from transformer_course.masks import padding_mask
+
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 1, 6, 8), torch.randn(1, 1, 6, 8)
+    scores = (q @ k.transpose(-2, -1) / 8**0.5)[0, 0]  # (T, S)
+    pad = padding_mask(torch.tensor([[5, 7, 9, 2, 0, 0]]), pad_id=0)  # (1, 1, 1, S)
+    masks = {"causal": causal_mask(6), "padding": pad}
+    weights = {
+        name: scaled_dot_product_attention(q, k, k, m)[1][0, 0]
+        for name, m in masks.items()
+    }
+    return scores, masks, weights
+
+
+def test_mask_scores_animation_frames_and_html():
+    from transformer_course.viz import mask_scores_animation
+
+    scores, masks, _ = _chapter5_scores()
+    html = mask_scores_animation(scores, masks).data
+    # causal row by row (6 frames), padding (equal rows) in one
+    assert html.count("data:image/png;base64") == 7
+    assert "causal, padding" in html  # the alt text names the masks
+
+
+def test_mask_scores_animation_draws_the_library_weights(monkeypatch):
+    """The last frame of each mask draws the weights scaled_dot_product_attention
+    returns, with -inf written where the mask hides a score; the first frame already
+    shows a masked row above unmasked ones (not empty panels)."""
+    from transformer_course.viz.animations import masks as masks_viz
+
+    _caught(monkeypatch, masks_viz)
+    scores, masks, weights = _chapter5_scores()
+    anim = masks_viz.mask_scores_animation(scores, masks)
+    ax_s, ax_w = anim._fig.axes[:2]
+    anim._func(5)  # causal, every row
+    drawn = ax_w.images[0].get_array().filled(0.0)
+    assert drawn == pytest.approx(weights["causal"].numpy(), abs=1e-6)
+    minus_inf = [t.get_text() == "\u2212\u221e" for t in ax_s.texts]
+    assert sum(minus_inf) == 15  # the strict upper triangle of 6 x 6
+    anim._func(6)  # padding, every row at once
+    drawn = ax_w.images[0].get_array().filled(0.0)
+    assert drawn == pytest.approx(weights["padding"].numpy(), abs=1e-6)
+    anim._func(0)  # first frame: row 0 masked, the rest the plain softmax
+    drawn = ax_w.images[0].get_array().filled(0.0)
+    assert drawn[0] == pytest.approx([1, 0, 0, 0, 0, 0])
+    assert drawn[1:].sum(axis=1) == pytest.approx([1] * 5)
+    assert (drawn[1:] > 0).all()
+    plt.close(anim._fig)
+
+
+def test_masked_softmax_gives_zeros_for_a_row_with_no_visible_key():
+    import numpy as np
+
+    from transformer_course.viz.animations.masks import masked_softmax
+
+    mask = np.array([[True, False], [False, False]])
+    w = masked_softmax(np.array([[1.0, 2.0], [3.0, 4.0]]), mask)
+    assert w.tolist() == [[1.0, 0.0], [0.0, 0.0]]  # known-wrong: NaN in row 1
+
+
+def test_mask_scores_animation_rejects_bad_input():
+    from transformer_course.viz import mask_scores_animation
+
+    scores, masks, _ = _chapter5_scores()
+    with pytest.raises(TypeError, match=r"masks\['additive'\]: expected a bool"):
+        mask_scores_animation(scores, {"additive": torch.zeros(6, 6)})
+    with pytest.raises(ValueError, match=r"masks\['causal'\].*\(6, 6\).*\(5, 5\)"):
+        mask_scores_animation(scores, {"causal": causal_mask(5)})
+    with pytest.raises(ValueError, match="scores: expected a 2-D"):
+        mask_scores_animation(scores[0], masks)
+    with pytest.raises(ValueError, match="masks: expected at least one"):
+        mask_scores_animation(scores, {})
+
+
+def _decode_steps():
+    from transformer_course import scaled_dot_product_attention
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 1, 6, 8)
+    masks, weights = [], []
+    for t in range(6):
+        m = causal_mask(1, t + 1)
+        _, w = scaled_dot_product_attention(
+            x[..., t : t + 1, :], x[..., : t + 1, :], x[..., : t + 1, :], m
+        )
+        masks.append(m)
+        weights.append(w[0, 0, 0])
+    return masks, weights
+
+
+def test_decode_step_animation_draws_each_steps_weights(monkeypatch):
+    from transformer_course.viz.animations import masks as masks_viz
+
+    masks, weights = _decode_steps()
+    assert masks_viz.decode_step_animation(masks, weights).data.count(
+        "data:image/png;base64"
+    ) == len(weights)
+    _caught(monkeypatch, masks_viz)
+    anim = masks_viz.decode_step_animation(masks, weights)
+    ax_m, ax_w = anim._fig.axes[:2]
+    for t in (0, 3, 5):
+        anim._func(t)
+        heights = [rect.get_height() for rect in ax_w.patches]
+        assert heights[: t + 1] == pytest.approx(weights[t].tolist())
+        assert heights[t + 1 :] == [0.0] * (5 - t)
+        row = ax_m.images[0].get_array()[t]
+        assert (row[: t + 1] == 1.0).all() and (row[t + 1 :] == 0).all()
+        assert f"{t + 1} of {t + 1} keys" in anim._fig._suptitle.get_text()
+    plt.close(anim._fig)
+
+
+def test_decode_step_animation_rejects_bad_input():
+    from transformer_course.viz import decode_step_animation
+
+    masks, weights = _decode_steps()
+    with pytest.raises(ValueError, match="got 6 masks and 5 weight rows"):
+        decode_step_animation(masks, weights[:5])
+    with pytest.raises(ValueError, match=r"masks\[2\], weights\[2\]: expected step 2"):
+        decode_step_animation(masks[:2] + [causal_mask(1, 2)], weights[:3])
+    with pytest.raises(TypeError, match=r"masks\[0\]: expected a bool"):
+        decode_step_animation([torch.ones(1, 1)], weights[:1])
+
+
+def _cross_example():
+    torch.manual_seed(0)
+    cross = torch.softmax(torch.randn(4, 6), dim=-1)  # (T, S)
+    src = ["seventy-four", "thousand", "three", "hundred", "and", "eighteen"]
+    return cross, src, ["zwei", "und", "vierzig", "<eos>"]
+
+
+def test_cross_attention_decode_animation_fills_one_row_per_frame(monkeypatch):
+    from transformer_course.viz.animations import decoding
+
+    cross, src, out = _cross_example()
+    html = decoding.cross_attention_decode_animation(cross, src, out).data
+    assert html.count("data:image/png;base64") == 4
+    _caught(monkeypatch, decoding)
+    anim = decoding.cross_attention_decode_animation(cross, src, out)
+    ax = anim._fig.axes[0]
+    anim._func(1)
+    drawn = ax.images[0].get_array()
+    assert torch.allclose(torch.as_tensor(drawn[:2]), cross[:2].double())
+    assert (drawn[2:] == 0).all()
+    assert ax.get_title() == "step 2 of 4: zweiund"
+    anim._fig.canvas.draw()
+    boxes = [t.get_window_extent() for t in ax.get_xticklabels()]
+    # rotated labels do not overlap (unrotated, "seventy-four" runs into "thousand")
+    assert not any(a.overlaps(b) for a, b in itertools.pairwise(boxes))
+    plt.close(anim._fig)
+
+
+def test_cross_attention_decode_animation_rejects_mismatched_tokens():
+    from transformer_course.viz import cross_attention_decode_animation
+
+    cross, src, out = _cross_example()
+    with pytest.raises(ValueError, match=r"cross: expected shape \(T, S\).*\(3, 6\)"):
+        cross_attention_decode_animation(cross, src, out[:3])
+
+
+def _beam_steps():
+    # K = 2: step 0 from <bos>; step 1 row 1 extends row 0; step 2 row 0 finished
+    return [
+        ([0, 0], ["zwei", "drei"], [-0.1, -2.5]),
+        ([0, 0], ["und", "<eos>"], [-0.2, -3.0]),
+        ([0, 0], ["<eos>", "zig"], [-0.3, -4.0]),
+        ([0, 1], ["<pad>", "<eos>"], [-0.3, -4.5]),
+    ]
+
+
+def test_beam_search_animation_draws_the_kept_hypotheses(monkeypatch):
+    from transformer_course.viz.animations import decoding
+
+    steps = _beam_steps()
+    html = decoding.beam_search_animation(steps, best=0).data
+    assert html.count("data:image/png;base64") == 4
+    _caught(monkeypatch, decoding)
+    anim = decoding.beam_search_animation(steps, best=0)
+    ax = anim._fig.axes[0]
+    anim._func(0)  # the first frame shows step 0's tokens, not an empty panel
+    shown = [t.get_text() for t in ax.texts if t.get_visible()]
+    assert shown == ["<bos>", "zwei\n-0.10", "drei\n-2.50"]
+    anim._func(3)
+    shown = [t for t in ax.texts if t.get_visible()]
+    assert len(shown) == 1 + 2 * 4
+    assert shown[-2].get_text() == "\u00b7"  # a finished hypothesis: padding
+    bold = [t.get_text() for t in shown if t.get_fontweight() == "bold"]
+    assert bold == ["zwei\n-0.10", "und\n-0.20", "<eos>\n-0.30", "\u00b7"]
+    plt.close(anim._fig)
+
+
+def test_beam_search_animation_rejects_bad_input():
+    from transformer_course.viz import beam_search_animation
+
+    steps = _beam_steps()
+    with pytest.raises(ValueError, match=r"steps\[1\]: expected parents in 0..1"):
+        beam_search_animation([steps[0], ([0, 2], ["a", "b"], [0.0, 0.0])])
+    with pytest.raises(ValueError, match=r"steps\[1\]: expected parents, tokens"):
+        beam_search_animation([steps[0], ([0], ["a"], [0.0])])
+    with pytest.raises(ValueError, match="best: expected a row in 0..1, got 2"):
+        beam_search_animation(steps, best=2)
+    with pytest.raises(ValueError, match="steps: expected at least one"):
+        beam_search_animation([])

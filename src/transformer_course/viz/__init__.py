@@ -2,7 +2,14 @@
 modules) and return a matplotlib Figure or something displayable; nothing here trains
 or computes attention. Importing it applies the book style (``viz.style``)."""
 
-from transformer_course.viz.animations import animation_html, query_scan_animation
+from transformer_course.viz.animations import (
+    animation_html,
+    beam_search_animation,
+    cross_attention_decode_animation,
+    decode_step_animation,
+    mask_scores_animation,
+    query_scan_animation,
+)
 from transformer_course.viz.diagrams import diagram, teacher_student_diagram
 from transformer_course.viz.interactive import interactive, static_mode
 from transformer_course.viz.plots import (
@@ -29,10 +36,14 @@ __all__ = [
     "animation_html",
     "attention_grid",
     "attention_heatmap",
+    "beam_search_animation",
     "course_map",
+    "cross_attention_decode_animation",
+    "decode_step_animation",
     "diagram",
     "interactive",
     "kv_cache_diagram",
+    "mask_scores_animation",
     "query_scan_animation",
     "set_alt_text",
     "static_mode",

@@ -5,6 +5,22 @@ frame bookkeeping lives here, not in the chapters)."""
 
 from transformer_course.viz.animations._player import animation_html
 from transformer_course.viz.animations.attention import query_scan_animation
+from transformer_course.viz.animations.decoding import (
+    beam_search_animation,
+    cross_attention_decode_animation,
+)
 from transformer_course.viz.animations.flash import flash_backward_animation
+from transformer_course.viz.animations.masks import (
+    decode_step_animation,
+    mask_scores_animation,
+)
 
-__all__ = ["animation_html", "flash_backward_animation", "query_scan_animation"]
+__all__ = [
+    "animation_html",
+    "beam_search_animation",
+    "cross_attention_decode_animation",
+    "decode_step_animation",
+    "flash_backward_animation",
+    "mask_scores_animation",
+    "query_scan_animation",
+]
