@@ -6,5 +6,21 @@ frame bookkeeping lives here, not in the chapters)."""
 from transformer_course.viz.animations._player import animation_html
 from transformer_course.viz.animations.attention import query_scan_animation
 from transformer_course.viz.animations.flash import flash_backward_animation
+from transformer_course.viz.animations.heads import (
+    head_patterns_animation,
+    split_merge_animation,
+)
+from transformer_course.viz.animations.positions import (
+    rotary_pairs_animation,
+    sinusoidal_offset_animation,
+)
 
-__all__ = ["animation_html", "flash_backward_animation", "query_scan_animation"]
+__all__ = [
+    "animation_html",
+    "flash_backward_animation",
+    "head_patterns_animation",
+    "query_scan_animation",
+    "rotary_pairs_animation",
+    "sinusoidal_offset_animation",
+    "split_merge_animation",
+]
