@@ -67,7 +67,7 @@ def _split_merge_frames(q, weights, heads, batch: int = 0):
     lim_q = float(max(np.abs(queries).max(), 1e-9))
     lim_o = float(max(np.abs(merged).max(), 1e-9))
 
-    fig = plt.figure(figsize=(9, 4.4), dpi=72)
+    fig = plt.figure(figsize=(9.5, 5.4), dpi=72)
     grid = fig.add_gridspec(
         3,
         n_heads + 2,

@@ -86,12 +86,16 @@ def _rotary_frames(q, k, positions, offset, pairs, base):
     uq = rq / np.maximum(np.linalg.norm(rq, axis=-1, keepdims=True), 1e-12)
     uk = rk / np.maximum(np.linalg.norm(rk, axis=-1, keepdims=True), 1e-12)
     lim = 1.2
+    n_cols = min(len(pairs), 2)  # two panels a row: large enough to read
+    n_rows = -(-len(pairs) // n_cols)
     fig, axes = plt.subplots(
-        1, len(pairs), figsize=(2.1 * len(pairs) + 0.4, 2.9), dpi=72, squeeze=False
+        n_rows, n_cols, figsize=(6.4, 2.5 * n_rows + 0.7), dpi=72, squeeze=False
     )
-    fig.subplots_adjust(left=0.02, right=0.98, bottom=0.17, top=0.74, wspace=0.15)
+    fig.subplots_adjust(left=0.02, right=0.98, bottom=0.07, top=0.84, hspace=0.3)
+    for ax in axes.flat[len(pairs) :]:
+        ax.set_visible(False)
     arrows = []
-    for ax, i in zip(axes[0], pairs):
+    for ax, i in zip(axes.flat, pairs):
         ax.add_patch(plt.Circle((0, 0), 1, fill=False, color="0.85"))
         ax.set_xlim(-lim, lim)
         ax.set_ylim(-lim, lim)
