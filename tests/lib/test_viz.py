@@ -736,3 +736,153 @@ def test_beam_search_animation_rejects_bad_input():
         beam_search_animation(steps, best=2)
     with pytest.raises(ValueError, match="steps: expected at least one"):
         beam_search_animation([])
+
+
+# -- chapters 3 (multi-head) and 4 (positional encoding): viz.animations.heads, .positions
+
+
+def _mha_heads(batch=2, n_heads=4, t=5, d_k=3):
+    from transformer_course import scaled_dot_product_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(3, batch, n_heads, t, d_k, generator=g).unbind(0)
+    heads, weights = scaled_dot_product_attention(q, k, v)  # (B, H, T, d_k)
+    return q, weights, heads
+
+
+def test_split_merge_frames_draw_the_heads_and_their_merge():
+    from transformer_course.viz.animations.heads import _split_merge_frames
+
+    q, weights, heads = _mha_heads()
+    fig, update, n_frames, panels = _split_merge_frames(q, weights, heads, batch=1)
+    assert n_frames == 4 + 1  # one frame per head, then all merged
+    queries = q[1].transpose(0, 1).reshape(5, 12)  # (T, H * d_k)
+    merged = heads[1].transpose(0, 1).reshape(5, 12)
+    assert torch.allclose(torch.as_tensor(panels["queries"].get_array()), queries)
+    assert torch.allclose(torch.as_tensor(panels["merged"].get_array()), merged)
+    for h in range(4):
+        drawn = [torch.as_tensor(row[h].get_array()) for row in panels["heads"]]
+        for got, want in zip(drawn, (q[1, h], weights[1, h], heads[1, h])):
+            assert torch.allclose(got, want)
+    # the first frame is already about head 0: it is shown, the others faded
+    assert [im.get_alpha() for im in panels["heads"][0]] == [1.0] + [0.15] * 3
+    update(n_frames - 1)
+    assert [im.get_alpha() for im in panels["heads"][0]] == [1.0] * 4
+    assert style.smallest_text_px(fig) >= style.MIN_TEXT_PX
+    plt.close(fig)
+
+
+def test_split_merge_animation_raises_on_mismatched_heads():
+    from transformer_course.viz import split_merge_animation
+
+    q, weights, heads = _mha_heads()
+    with pytest.raises(ValueError, match=r"weights, heads: expected \(H, T"):
+        split_merge_animation(q, weights[:, :3], heads)
+    with pytest.raises(TypeError, match="q: expected a floating-point"):
+        split_merge_animation(q.long(), weights, heads)
+
+
+def test_split_merge_animation_has_one_frame_per_head_plus_the_merge():
+    from transformer_course.viz import split_merge_animation
+
+    html = split_merge_animation(*_mha_heads(n_heads=2)).data
+    assert html.count("data:image/png;base64") == 3
+    px = float(re.search(r'data-min-text-px="([\d.]+)"', html)[1])
+    assert px >= style.MIN_TEXT_PX
+
+
+def test_head_patterns_frames_show_each_head_in_turn():
+    from transformer_course.viz.animations.heads import _head_pattern_frames
+
+    w = torch.softmax(
+        torch.randn(6, 4, 4, generator=torch.Generator().manual_seed(1)), -1
+    )
+    tokens = ["[CLS]", "it", "was", "[SEP]"]
+    fig, update, n_frames, image = _head_pattern_frames(w, tokens, query=1)
+    assert n_frames == 6
+    assert torch.allclose(torch.as_tensor(image.get_array()), w[0])
+    update(4)
+    assert torch.allclose(torch.as_tensor(image.get_array()), w[4])
+    top = tokens[int(w[4, 1].argmax())]
+    assert f"looks most at '{top}'" in fig._suptitle.get_text()
+    assert style.smallest_text_px(fig) >= style.MIN_TEXT_PX
+    plt.close(fig)
+
+
+def test_head_patterns_animation_raises_on_tokens_that_do_not_match():
+    from transformer_course.viz import head_patterns_animation
+
+    w = torch.softmax(torch.randn(2, 4, 4), -1)
+    with pytest.raises(ValueError, match="tokens: expected 4 labels"):
+        head_patterns_animation(w, ["a", "b", "c"])
+    with pytest.raises(ValueError, match=r"weights: expected shape \(H, T, S\)"):
+        head_patterns_animation(w[None], list("abcd"))
+    with pytest.raises(ValueError, match=r"query: expected an index in \[0, 4\)"):
+        head_patterns_animation(w, list("abcd"), query=4)
+
+
+def test_rotary_frames_draw_apply_rotary_and_keep_the_score():
+    from transformer_course import positional
+    from transformer_course.viz.animations.positions import _rotary_frames
+
+    g = torch.Generator().manual_seed(2)
+    q, k = torch.randn(2, 16, dtype=torch.float64, generator=g).unbind(0)
+    positions = torch.arange(3, 9)
+    fig, update, n_frames, arrows = _rotary_frames(q, k, positions, 3, (0, 5), 1e4)
+    assert n_frames == 6
+    update(2)  # query at 5, key at 2
+    rq = positional.apply_rotary(q[None], torch.tensor([5]), layout="interleaved")
+    rk = positional.apply_rotary(k[None], torch.tensor([2]), layout="interleaved")
+    for (qa, ka), i in zip(arrows, (0, 5)):
+        for arrow, v in ((qa, rq), (ka, rk)):
+            pair = v[0, 2 * i : 2 * i + 2]
+            drawn = torch.tensor([arrow.U[0], arrow.V[0]], dtype=torch.float64)
+            assert torch.allclose(drawn, pair / pair.norm())
+    score = (rq @ rk.T).item()
+    assert f"score q \u00b7 k = {score:.3f}" in fig._suptitle.get_text()
+    update(5)  # shifted by 3: the same score (relative positions)
+    assert f"score q \u00b7 k = {score:.3f}" in fig._suptitle.get_text()
+    plt.close(fig)
+
+
+def test_rotary_pairs_animation_raises_on_odd_features_and_bad_pairs():
+    from transformer_course.viz import rotary_pairs_animation
+
+    q = torch.randn(8)
+    with pytest.raises(ValueError, match=r"q: expected shape \(d,\) with d even"):
+        rotary_pairs_animation(torch.randn(7), torch.randn(7), [0, 1], offset=1)
+    with pytest.raises(ValueError, match=r"pairs: expected indices in \[0, 4\)"):
+        rotary_pairs_animation(q, q, torch.arange(2), offset=1, pairs=(4,))
+    with pytest.raises(ValueError, match="offset: expected an int >= 0"):
+        rotary_pairs_animation(q, q, torch.arange(2), offset=-1)
+    html = rotary_pairs_animation(q, q, torch.arange(3), offset=1, pairs=(0,)).data
+    assert html.count("data:image/png;base64") == 3
+
+
+def test_sinusoidal_offset_frames_depend_on_the_offset_only():
+    from transformer_course import positional
+    from transformer_course.viz.animations.positions import _offset_frames
+
+    pe = positional.sinusoidal_encoding(50, 16, dtype=torch.float64)
+    fig, update, n_frames, (line_abs, line_rel) = _offset_frames(pe, [0, 10, 20], 5)
+    assert n_frames == 3
+    update(1)  # p = 10
+    assert torch.allclose(torch.as_tensor(line_abs.get_ydata()), pe @ pe[10])
+    rel = torch.as_tensor(line_rel.get_ydata())
+    assert torch.allclose(rel, pe[5:16] @ pe[10])  # offsets -5..5 around 10
+    update(2)  # p = 20: the same curve against the offset
+    assert torch.allclose(torch.as_tensor(line_rel.get_ydata()), rel)
+    plt.close(fig)
+
+
+def test_sinusoidal_offset_animation_raises_on_positions_outside_the_table():
+    from transformer_course import positional
+    from transformer_course.viz import sinusoidal_offset_animation
+
+    pe = positional.sinusoidal_encoding(20, 8)
+    with pytest.raises(ValueError, match=r"positions: expected values in \[0, 20\)"):
+        sinusoidal_offset_animation(pe, [0, 20])
+    with pytest.raises(TypeError, match="positions: expected an integer tensor"):
+        sinusoidal_offset_animation(pe, [0.5])
+    with pytest.raises(ValueError, match=r"pe: expected shape \(L, d\)"):
+        sinusoidal_offset_animation(pe[None], [0])

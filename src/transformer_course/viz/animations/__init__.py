@@ -10,9 +10,17 @@ from transformer_course.viz.animations.decoding import (
     cross_attention_decode_animation,
 )
 from transformer_course.viz.animations.flash import flash_backward_animation
+from transformer_course.viz.animations.heads import (
+    head_patterns_animation,
+    split_merge_animation,
+)
 from transformer_course.viz.animations.masks import (
     decode_step_animation,
     mask_scores_animation,
+)
+from transformer_course.viz.animations.positions import (
+    rotary_pairs_animation,
+    sinusoidal_offset_animation,
 )
 
 __all__ = [
@@ -21,6 +29,10 @@ __all__ = [
     "cross_attention_decode_animation",
     "decode_step_animation",
     "flash_backward_animation",
+    "head_patterns_animation",
     "mask_scores_animation",
     "query_scan_animation",
+    "rotary_pairs_animation",
+    "sinusoidal_offset_animation",
+    "split_merge_animation",
 ]
