@@ -2,7 +2,15 @@
 modules) and return a matplotlib Figure or something displayable; nothing here trains
 or computes attention. Importing it applies the book style (``viz.style``)."""
 
-from transformer_course.viz.animations import animation_html, query_scan_animation
+from transformer_course.viz.animations import (
+    animation_html,
+    caption_animation,
+    flash_backward_animation,
+    kv_cache_animation,
+    query_scan_animation,
+    tiles_animation,
+    zero_shot_animation,
+)
 from transformer_course.viz.diagrams import diagram, teacher_student_diagram
 from transformer_course.viz.interactive import interactive, static_mode
 from transformer_course.viz.plots import (
@@ -29,14 +37,19 @@ __all__ = [
     "animation_html",
     "attention_grid",
     "attention_heatmap",
+    "caption_animation",
     "course_map",
     "diagram",
+    "flash_backward_animation",
     "interactive",
+    "kv_cache_animation",
     "kv_cache_diagram",
     "query_scan_animation",
     "set_alt_text",
     "static_mode",
     "teacher_student_diagram",
+    "tiles_animation",
     "tiles_diagram",
     "use_book_style",
+    "zero_shot_animation",
 ]
