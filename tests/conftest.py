@@ -51,12 +51,6 @@ def tier_of(path: Path) -> str | None:
 # Known failures, found by the last full run and not yet fixed: each says what breaks. They
 # still run (xfail, not skip), and the next session fixes them and empties this table.
 KNOWN_FAILURES = {
-    "tests/site/test_a11y.py::test_no_serious_or_critical_axe_violation[07_optimizations]": (
-        "axe finds a serious violation on chapter 7's new backward-pass and KV-cache sections"
-    ),
-    "tests/site/test_a11y.py::test_no_serious_or_critical_axe_violation[08_beyond_text]": (
-        "axe finds a serious violation on chapter 8 since the zero-shot rework"
-    ),
     "tests/site/test_a11y.py::test_no_serious_or_critical_axe_violation[10_modern_llm]": (
         "axe finds a serious violation on the new chapter 10"
     ),

@@ -18,7 +18,10 @@ page (a console error) and names a CDN. Its scripts are dropped from each page.
      may not have (critical); they become ``role="listitem"``;
    - the theme's search and colour-mode buttons have an ``aria-label`` that leaves out
      their visible text or icon titles (serious): templates/ overrides these
-     two theme components.
+     two theme components;
+   - myst-nb gives the toggle of every ``hide-input`` cell the label "Toggle hidden
+     content", which leaves out its visible text "Show code cell source" (serious:
+     label-content-name-mismatch); the label goes, so the visible text names it.
 
 4. The book's style sheet, ``static/course.css`` (code and output sized so that an
    80-character line fits the column).
@@ -103,6 +106,15 @@ def _citation_roles(app, pagename, templatename, context, doctree):
         context["body"] = body.replace('role="doc-biblioentry"', 'role="listitem"')
 
 
+_HIDDEN_CELL_TOGGLE = '<summary aria-label="Toggle hidden content">'
+
+
+def _hidden_cell_toggles(app, pagename, templatename, context, doctree):
+    body = context.get("body")
+    if body and _HIDDEN_CELL_TOGGLE in body:
+        context["body"] = body.replace(_HIDDEN_CELL_TOGGLE, "<summary>")
+
+
 def _templates(app, config):
     config.templates_path.insert(0, str(Path(__file__).parent / "templates"))
     config.html_static_path.append(str(Path(__file__).parent / "static"))
@@ -114,4 +126,5 @@ def setup(app):
     app.connect("html-page-context", _drop_thebe)
     app.connect("html-page-context", _citation_roles)
     app.add_css_file("course.css")
+    app.connect("html-page-context", _hidden_cell_toggles)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -886,3 +886,137 @@ def test_sinusoidal_offset_animation_raises_on_positions_outside_the_table():
         sinusoidal_offset_animation(pe, [0.5])
     with pytest.raises(ValueError, match=r"pe: expected shape \(L, d\)"):
         sinusoidal_offset_animation(pe[None], [0])
+
+
+# -- chapters 7 and 8: the KV cache, the online softmax tiles, captions, zero-shot --
+
+from transformer_course.viz import (
+    caption_animation,
+    kv_cache_animation,
+    tiles_animation,
+    zero_shot_animation,
+)
+
+
+def _frames_readable(fig):
+    """Text of an animation frame shows at >= 10 px: to_jshtml saves frames at the
+    figure's dpi, shown at that size when they fit the column."""
+    width_px = fig.get_figwidth() * fig.dpi
+    return width_px <= style.COLUMN_PX and style.smallest_text_pt(fig) * fig.dpi / 72
+
+
+def test_tiles_animation_draws_each_tiles_running_statistics():
+    from transformer_course.viz.animations.flash import _tiles_frames
+
+    m0, l0 = torch.tensor([0.5, 1.0]), torch.tensor([1.0, 2.0])
+    m1, l1 = torch.tensor([2.5, 1.0]), torch.tensor([1.5, 3.0])
+    history = [(0, 0, m0, l0), (1, 0, m0, l0), (1, 1, m1, l1)]
+    fig, update, n = _tiles_frames(history, 2, (4, 4))
+    assert n == 3
+    update(2)
+    ax_g, ax_m, ax_l = fig.axes
+    assert [b.get_height() for b in ax_m.patches] == m1.tolist()
+    assert [b.get_height() for b in ax_l.patches] == l1.tolist()
+    hatched = [p for p in ax_g.patches if p.get_hatch()]
+    assert len(hatched) == 1  # tile (0, 1) is never computed
+    assert "tile 3 of 3" in fig._suptitle.get_text()
+    assert _frames_readable(fig) >= 10
+    plt.close(fig)
+    html = tiles_animation(history, 2, (4, 4)).data
+    assert html.count("data:image/png;base64") == 3
+
+
+def test_tiles_animation_rejects_a_tile_outside_the_grid():
+    with pytest.raises(ValueError, match="history"):
+        tiles_animation([(2, 0, torch.zeros(2), torch.ones(2))], 2, (4, 4))
+    with pytest.raises(ValueError, match="history"):
+        tiles_animation([], 2, (4, 4))
+    with pytest.raises(TypeError, match="block"):
+        tiles_animation([(0, 0, torch.zeros(2), torch.ones(2))], 2.0, (4, 4))
+
+
+def test_kv_cache_animation_shows_the_cached_positions_only():
+    from transformer_course.viz.animations.kv_cache import _kv_frames
+
+    k, v = torch.randn(6, 4), torch.randn(6, 3)
+    tokens = ["R", "O", "\n", "a", " ", "b"]
+    fig, update, n = _kv_frames(k, v, tokens, n_prompt=3)
+    assert n == 4  # the prompt, then 3 generated tokens
+    ax_k, ax_v = fig.axes[:2]
+    shown = ax_k.images[0].get_array()  # (d_k, S), NaN where nothing is cached
+    assert torch.allclose(torch.tensor(shown[:, :3].data), k[:3].T.double())
+    assert torch.isnan(torch.tensor(shown.data[:, 3:])).all()
+    update(2)
+    shown = ax_v.images[0].get_array()
+    assert torch.allclose(torch.tensor(shown[:, :5].data), v[:5].T.double())
+    assert torch.isnan(torch.tensor(shown.data[:, 5])).all()
+    assert "'\u2423' appended, 5 cached" in fig._suptitle.get_text()  # the space
+    assert "\u21b5" in [t.get_text() for t in ax_k.get_xticklabels()]  # the newline
+    assert _frames_readable(fig) >= 10
+    plt.close(fig)
+    html = kv_cache_animation(k, v, tokens, n_prompt=3).data
+    assert html.count("data:image/png;base64") == 4
+
+
+def test_kv_cache_animation_rejects_mismatched_caches():
+    k = torch.randn(6, 4)
+    with pytest.raises(ValueError, match="values"):
+        kv_cache_animation(k, torch.randn(5, 4), list("abcdef"), n_prompt=2)
+    with pytest.raises(ValueError, match="tokens"):
+        kv_cache_animation(k, k, list("abc"), n_prompt=2)
+    with pytest.raises(ValueError, match="n_prompt"):
+        kv_cache_animation(k, k, list("abcdef"), n_prompt=7)
+    with pytest.raises(ValueError, match="keys"):
+        kv_cache_animation(k[0], k, list("abcdef"), n_prompt=2)
+
+
+def test_caption_animation_overlays_each_words_weights():
+    from transformer_course.viz.animations.captions import _caption_frames
+
+    image = torch.rand(8, 32)
+    weights = torch.softmax(torch.randn(3, 4), dim=-1)
+    words = ["four", "thousand", "<eos>"]
+    fig, update, n = _caption_frames(image, words, weights, patch=8)
+    assert n == 3
+    update(1)
+    ax_i, ax_b = fig.axes
+    overlay = ax_i.images[1].get_array()  # (8, 32): each patch's weight, spread
+    assert torch.allclose(torch.tensor(overlay[0, ::8]), weights[1].double())
+    assert [b.get_height() for b in ax_b.patches] == pytest.approx(weights[1].tolist())
+    assert "\u201cfour thousand\u201d" in fig._suptitle.get_text()
+    assert _frames_readable(fig) >= 10
+    plt.close(fig)
+    assert caption_animation(image, words, weights, patch=8).data.count("base64") == 3
+
+
+def test_caption_animation_rejects_weights_of_the_wrong_shape():
+    with pytest.raises(ValueError, match="weights"):
+        caption_animation(torch.rand(8, 32), ["a", "b"], torch.rand(2, 16), patch=8)
+    with pytest.raises(ValueError, match="patch"):
+        caption_animation(torch.rand(8, 32), ["a"], torch.rand(1, 4), patch=3)
+
+
+def test_zero_shot_animation_highlights_the_closest_caption():
+    from transformer_course.viz.animations.captions import _zero_shot_frames
+
+    sim = torch.tensor([[0.9, 0.1, 0.0], [0.2, 0.1, 0.7]])
+    names = ["zero", "one", "two"]
+    fig, update, n = _zero_shot_frames(torch.rand(2, 8, 8), sim, names, None)
+    assert n == 2
+    update(1)
+    bars = fig.axes[1].patches
+    assert [b.get_height() for b in bars] == pytest.approx(sim[1].tolist())
+    best = mpl.colors.to_hex(bars[2].get_facecolor())
+    assert best == style.ROLE_COLORS["query"].lower()
+    assert "\u201ctwo\u201d, wrong" in fig._suptitle.get_text()  # image 1 is "one"
+    assert _frames_readable(fig) >= 10
+    plt.close(fig)
+
+
+def test_zero_shot_animation_rejects_a_similarity_of_the_wrong_shape():
+    with pytest.raises(ValueError, match="similarity"):
+        zero_shot_animation(torch.rand(2, 8, 8), torch.rand(2, 4), ["a", "b", "c"])
+    with pytest.raises(ValueError, match="true"):
+        zero_shot_animation(
+            torch.rand(2, 8, 8), torch.rand(2, 3), ["a", "b", "c"], true=[0, 3]
+        )

@@ -190,3 +190,17 @@ def _declared() -> list[str]:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "dependencies"
     ]
+
+
+def test_first_code_cell_drops_myst_cell_options(tmp_path):
+    """A set-up cell collapsed on the site (``:tags: [hide-input]``) still gives the
+    student notebook and these checks plain Python: the option line is not code."""
+    chapter = tmp_path / "00_x.md"
+    chapter.write_text(
+        "# x\n\n```{code-cell} ipython3\n:tags: [hide-input]\nimport math\n"
+        "x = math.pi\n```\n",
+        encoding="utf-8",
+    )
+    code = assignments.first_code_cell(chapter)
+    assert code == "import math\nx = math.pi"
+    compile(code, "setup", "exec")  # the option line kept would be a SyntaxError

@@ -152,9 +152,15 @@ def chapters(selected: list[str] | None = None) -> list[Path]:
     return chosen
 
 
+#: a MyST cell option line (``:tags: [hide-input]``) at the top of a cell's body
+CELL_OPTION = re.compile(r"\A(?::[\w-]+:[^\n]*\n)+")
+
+
 def first_code_cell(path: Path) -> str:
+    """The code of a chapter's first code cell (its set-up), without the MyST cell
+    options such as ``:tags: [hide-input]``, which are not Python."""
     m = CODE_CELL.search(path.read_text(encoding="utf-8"))
-    return m["body"].rstrip() if m else ""
+    return CELL_OPTION.sub("", m["body"]).rstrip() if m else ""
 
 
 # ------------------------------------------------------------------------ otter assign

@@ -5,15 +5,19 @@ or computes attention. Importing it applies the book style (``viz.style``)."""
 from transformer_course.viz.animations import (
     animation_html,
     beam_search_animation,
+    caption_animation,
     cross_attention_decode_animation,
     decode_step_animation,
     flash_backward_animation,
     head_patterns_animation,
+    kv_cache_animation,
     mask_scores_animation,
     query_scan_animation,
     rotary_pairs_animation,
     sinusoidal_offset_animation,
     split_merge_animation,
+    tiles_animation,
+    zero_shot_animation,
 )
 from transformer_course.viz.diagrams import diagram, teacher_student_diagram
 from transformer_course.viz.interactive import interactive, static_mode
@@ -42,6 +46,7 @@ __all__ = [
     "attention_grid",
     "attention_heatmap",
     "beam_search_animation",
+    "caption_animation",
     "course_map",
     "cross_attention_decode_animation",
     "decode_step_animation",
@@ -49,6 +54,7 @@ __all__ = [
     "flash_backward_animation",
     "head_patterns_animation",
     "interactive",
+    "kv_cache_animation",
     "kv_cache_diagram",
     "mask_scores_animation",
     "query_scan_animation",
@@ -58,6 +64,8 @@ __all__ = [
     "split_merge_animation",
     "static_mode",
     "teacher_student_diagram",
+    "tiles_animation",
     "tiles_diagram",
     "use_book_style",
+    "zero_shot_animation",
 ]

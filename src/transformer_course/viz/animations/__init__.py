@@ -5,15 +5,23 @@ frame bookkeeping lives here, not in the chapters)."""
 
 from transformer_course.viz.animations._player import animation_html
 from transformer_course.viz.animations.attention import query_scan_animation
+from transformer_course.viz.animations.captions import (
+    caption_animation,
+    zero_shot_animation,
+)
 from transformer_course.viz.animations.decoding import (
     beam_search_animation,
     cross_attention_decode_animation,
 )
-from transformer_course.viz.animations.flash import flash_backward_animation
+from transformer_course.viz.animations.flash import (
+    flash_backward_animation,
+    tiles_animation,
+)
 from transformer_course.viz.animations.heads import (
     head_patterns_animation,
     split_merge_animation,
 )
+from transformer_course.viz.animations.kv_cache import kv_cache_animation
 from transformer_course.viz.animations.masks import (
     decode_step_animation,
     mask_scores_animation,
@@ -26,13 +34,17 @@ from transformer_course.viz.animations.positions import (
 __all__ = [
     "animation_html",
     "beam_search_animation",
+    "caption_animation",
     "cross_attention_decode_animation",
     "decode_step_animation",
     "flash_backward_animation",
     "head_patterns_animation",
+    "kv_cache_animation",
     "mask_scores_animation",
     "query_scan_animation",
     "rotary_pairs_animation",
     "sinusoidal_offset_animation",
     "split_merge_animation",
+    "tiles_animation",
+    "zero_shot_animation",
 ]

@@ -10,6 +10,7 @@ from matplotlib.animation import FuncAnimation
 from matplotlib.patches import Rectangle
 
 from transformer_course import _validation
+from transformer_course.viz import style
 from transformer_course.viz.animations._player import animation_html
 
 
@@ -146,5 +147,149 @@ def flash_backward_animation(history, block: int, *, interval: int = 700) -> HTM
             "tiles, visited one column of key tiles at a time and, within a column, "
             "query tile by query tile; beside it, heat maps of the gradients dK and "
             "dQ filling in as each tile adds its part, the rows it adds to outlined"
+        ),
+    )
+
+
+def _tiles_frames(history, block: int, shape: tuple[int, int]):
+    """The figure of ``tiles_animation`` and its frame function: (fig, update, n)."""
+    if not history:
+        raise ValueError("history: expected at least one (i, j, m, l) entry, got 0")
+    _validation.positive_int("block", block)
+    if len(shape) != 2:
+        raise ValueError(f"shape: expected (T, S), got {shape!r}")
+    t, s = shape
+    _validation.positive_int("T", t)
+    _validation.positive_int("S", s)
+    frames = [
+        (int(i), int(j), _numpy(m).reshape(-1), _numpy(l).reshape(-1))
+        for i, j, m, l in history
+    ]
+    n_q, n_k = -(-t // block), -(-s // block)
+    for i, j, m, l in frames:
+        if not (0 <= i < n_q and 0 <= j < n_k):
+            raise ValueError(
+                f"history: tile ({i}, {j}) lies outside the {n_q} x {n_k} grid "
+                f"of shape {shape} in blocks of {block}"
+            )
+        if m.shape != l.shape or len(m) > block:
+            raise ValueError(
+                f"history: expected m and l of at most block = {block} rows each, "
+                f"got shapes {m.shape} and {l.shape}"
+            )
+    computed = {(i, j) for i, j, _, _ in frames}
+    fig, (ax_g, ax_m, ax_l) = plt.subplots(
+        1, 3, figsize=(8.5, 2.9), dpi=72, gridspec_kw={"width_ratios": [1.1, 1, 1]}
+    )
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.2, top=0.82, wspace=0.45)
+    ax_g.set_xlim(0, s)
+    ax_g.set_ylim(t, 0)
+    ax_g.set_aspect("equal")
+    ax_g.set_xticks(range(0, s + 1, block))
+    ax_g.set_yticks(range(0, t + 1, block))
+    ax_g.set_xlabel("key position")
+    ax_g.set_ylabel("query position")
+    tiles = {}
+    for i in range(n_q):
+        for j in range(n_k):
+            skipped = (i, j) not in computed
+            tiles[i, j] = ax_g.add_patch(
+                Rectangle(
+                    (j * block, i * block),
+                    block,
+                    block,
+                    edgecolor="black",
+                    lw=0.8,
+                    facecolor="lightgrey" if skipped else "white",
+                    hatch="//" if skipped else None,
+                )
+            )
+    rows = np.arange(block)
+    all_m = np.concatenate([f[2] for f in frames])
+    all_l = np.concatenate([f[3] for f in frames])
+    finite = all_m[np.isfinite(all_m)]
+    low = min(0.0, finite.min()) if finite.size else 0.0
+    high = max(0.0, finite.max()) if finite.size else 1.0
+    color = style.ROLE_COLORS["query"]
+    bars_m = ax_m.bar(rows, np.zeros(block), color=color)
+    bars_l = ax_l.bar(rows, np.zeros(block), color=style.tint(color, 0.45))
+    ax_m.set_ylim(low - 0.1, high + 0.1)
+    ax_l.set_ylim(0, max(all_l.max(), 1e-9) * 1.1)
+    for ax, label in ((ax_m, "running max m"), (ax_l, "running sum l")):
+        ax.set_xlabel("query row in the block")
+        ax.set_ylabel(label)
+        ax.set_xticks(rows)
+    title = fig.suptitle("")
+    current = style.ROLE_COLORS["attention"]
+    done_color = style.tint(current, 0.6)
+
+    def update(frame: int):
+        i, j, m, l = frames[frame]
+        done = {(a, b) for a, b, _, _ in frames[:frame]}
+        for key, patch in tiles.items():
+            if key == (i, j):
+                patch.set_facecolor(current)
+            elif key in done:
+                patch.set_facecolor(done_color)
+            elif key in computed:
+                patch.set_facecolor("white")
+        for r in range(block):
+            seen = r < len(m) and np.isfinite(m[r])
+            bars_m[r].set_height(m[r] if seen else 0.0)
+            bars_l[r].set_height(l[r] if r < len(l) else 0.0)
+        title.set_text(
+            f"tile {frame + 1} of {len(frames)}: query block {i}, key block {j}"
+        )
+        return (*tiles.values(), *bars_m, *bars_l, title)
+
+    update(0)  # the still frame before play already shows a tile and its statistics
+    return fig, update, len(frames)
+
+
+def _numpy(x) -> np.ndarray:
+    return np.asarray(torch.as_tensor(x).detach().cpu(), dtype=float)
+
+
+def tiles_animation(
+    history, block: int, shape: tuple[int, int], *, interval: int = 800
+) -> HTML:
+    """The online softmax of tiled attention, tile by tile, on the page's numbers
+    (chapter 7).
+
+    Tiled attention (Dao et al. 2022, algorithm 1; Milakov and Gimelshein 2018) visits
+    the query blocks and, for each, the key blocks, keeping per query row a running
+    maximum m and a running sum l of exp(score - m). Frame f shows the (T, S) grid of
+    score tiles with tile f being computed (reddish purple), the ones done (light) and
+    the ones never computed (hatched, e.g. above a causal diagonal); beside it the bars
+    of m and l of each row of the current query block after tile f: m jumps when a
+    tile brings a larger score, and l is rescaled with it.
+
+    Args:
+        history: one entry per computed tile, in order: ``(i, j, m, l)`` with i the
+            query block, j the key block, and m, l (rows,) the running maximum and sum
+            of the block's query rows after that tile (tensors or arrays; rows <=
+            ``block``).
+        block: rows of a tile (queries and keys), >= 1.
+        shape: (T, S), the number of queries and keys.
+        interval: milliseconds between frames.
+
+    Returns:
+        Animation HTML (see ``animation_html``); the frame shown before play is tile 1.
+
+    Raises:
+        ValueError: an empty ``history``, a tile outside the grid, m or l longer than
+            ``block``, ``block`` or T or S < 1, or a ``shape`` that is not (T, S).
+        TypeError: a ``block``, T or S that is not an int.
+    """
+    fig, update, n = _tiles_frames(history, block, shape)
+    anim = FuncAnimation(fig, update, frames=n, interval=interval, blit=False)
+    t, s = shape
+    return animation_html(
+        anim,
+        alt=(
+            f"Animation in {n} frames: the {t} by {s} grid of attention scores split "
+            f"into {block} by {block} tiles, computed one by one, a row of tiles at a "
+            "time, the tiles never computed hatched; beside it, bar charts of the "
+            "running maximum and running sum of each query row of the current block"
         ),
     )
