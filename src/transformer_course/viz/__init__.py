@@ -2,7 +2,14 @@
 modules) and return a matplotlib Figure or something displayable; nothing here trains
 or computes attention. Importing it applies the book style (``viz.style``)."""
 
-from transformer_course.viz.animations import animation_html, query_scan_animation
+from transformer_course.viz.animations import (
+    animation_html,
+    query_scan_animation,
+    scaled_scores_animation,
+    softmax_animation,
+    softmax_saturation_animation,
+    weighted_sum_animation,
+)
 from transformer_course.viz.diagrams import diagram, teacher_student_diagram
 from transformer_course.viz.interactive import interactive, static_mode
 from transformer_course.viz.plots import (
@@ -34,9 +41,13 @@ __all__ = [
     "interactive",
     "kv_cache_diagram",
     "query_scan_animation",
+    "scaled_scores_animation",
     "set_alt_text",
+    "softmax_animation",
+    "softmax_saturation_animation",
     "static_mode",
     "teacher_student_diagram",
     "tiles_diagram",
     "use_book_style",
+    "weighted_sum_animation",
 ]

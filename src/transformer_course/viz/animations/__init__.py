@@ -4,7 +4,23 @@ each function taking a chapter's own tensors and returning the displayable HTML 
 frame bookkeeping lives here, not in the chapters)."""
 
 from transformer_course.viz.animations._player import animation_html
-from transformer_course.viz.animations.attention import query_scan_animation
+from transformer_course.viz.animations.attention import (
+    query_scan_animation,
+    softmax_animation,
+    weighted_sum_animation,
+)
 from transformer_course.viz.animations.flash import flash_backward_animation
+from transformer_course.viz.animations.scaling import (
+    scaled_scores_animation,
+    softmax_saturation_animation,
+)
 
-__all__ = ["animation_html", "flash_backward_animation", "query_scan_animation"]
+__all__ = [
+    "animation_html",
+    "flash_backward_animation",
+    "query_scan_animation",
+    "scaled_scores_animation",
+    "softmax_animation",
+    "softmax_saturation_animation",
+    "weighted_sum_animation",
+]
