@@ -37,8 +37,9 @@ DIRECTIVE = re.compile(
     r"(?P<body>.*?)^(?P=fence)[ \t]*$",
     re.MULTILINE | re.DOTALL,
 )
-CODE_CELL = re.compile(
-    r"^```\{code-cell\}[^\n]*\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL
+CODE_CELL = re.compile(  # MyST cell options (":tags: [hide-input]") are not code
+    r"^```\{code-cell\}[^\n]*\n(?::[\w-]+:[^\n]*\n)*(?P<body>.*?)^```[ \t]*$",
+    re.MULTILINE | re.DOTALL,
 )
 PYTHON_BLOCK = re.compile(
     r"^```python[ \t]*\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL
