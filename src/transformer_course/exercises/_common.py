@@ -66,7 +66,7 @@ def exercise_check(check: Callable[..., bool]) -> Callable[..., bool]:
         except NotImplementedError:
             name = getattr(fn, "__name__", "your function")
             print(
-                f"not attempted yet: {name} raises NotImplementedError; "
+                f"not attempted yet: {name} raises NotImplementedError;\n"
                 "write its body and run this cell again."
             )
             return False
