@@ -258,7 +258,7 @@ def weighted_sum_animation(
     n, order = len(w), np.argsort(-w, kind="stable")
     running = np.cumsum(w[order, None] * v[order], axis=0)  # (S, dims), keys in order
     fig, (ax_w, ax_v, ax_o) = frame_figure(
-        1, 3, 3.4, gridspec_kw={"width_ratios": [1.1, 1, 1]}
+        1, 3, 3.8, gridspec_kw={"width_ratios": [1.1, 1, 1]}
     )
     fig.subplots_adjust(left=0.07, right=0.99, bottom=0.3, top=0.8, wspace=0.35)
     x, d = np.arange(n), np.arange(v.shape[1])
