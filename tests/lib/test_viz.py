@@ -577,6 +577,23 @@ def overlapping_tick_labels(fig) -> list[tuple[str, str]]:
     return pairs
 
 
+def small_script_texts(fig) -> list[str]:
+    """Texts with a mathtext sub- or superscript ($d_k$, a log axis' $2^{4}$): drawn
+    at about 70% of the font size, below 10 px on the page whatever the font size."""
+    FigureCanvasAgg(fig).draw()  # tick labels exist once drawn
+    texts = [t.get_text() for t in fig.findobj(mpl.text.Text) if t.get_visible()]
+    return [s for s in texts if re.search(r"\$[^$]*[_^][^$]*\$", s)]
+
+
+def test_the_script_check_finds_a_subscript_and_a_log_axis():
+    fig, ax = plt.subplots()
+    ax.semilogx([1, 16, 256], [0, 1, 2], base=2)
+    ax.set_xlabel("$d_k$")
+    found = small_script_texts(fig)
+    assert "$d_k$" in found and any("^" in s for s in found)
+    plt.close(fig)
+
+
 def test_the_tick_label_check_finds_crowded_labels():
     fig, ax = plt.subplots(figsize=(2, 2))
     ax.set_xticks(range(20), [f"label {i}" for i in range(20)])
@@ -591,6 +608,7 @@ def check_readable(anim, html: str) -> None:
     assert px >= style.MIN_TEXT_PX
     assert anim._fig.get_figwidth() * anim._fig.dpi <= style.COLUMN_PX
     assert overlapping_tick_labels(anim._fig) == []
+    assert small_script_texts(anim._fig) == []
 
 
 def test_query_scan_frames_show_the_scores_and_end_on_the_softmax(played):

@@ -24,8 +24,8 @@ from transformer_course.viz.animations._frames import (
 
 #: the three maps: (panel title, the words of the frame's title)
 STAGES = (
-    ("scores $q \\cdot k$", "its scores q\u00b7k"),
-    ("scaled by $1/\\sqrt{d_k}$", "scaled by 1/\u221ad_k"),
+    ("scores q\u00b7k", "its scores q\u00b7k"),
+    ("scaled by 1/\u221ad_k", "scaled by 1/\u221ad_k"),
     ("softmax over keys", "softmax over the keys"),
 )
 FADED = 0.2  #: opacity of the rows not computed yet
@@ -173,7 +173,9 @@ def softmax_saturation_animation(
             markersize=4,
         )
     ax_m.set_ylim(0, 1.05)
-    ax_m.set_xlabel("$d_k$")
+    ax_m.set_xticks(d_ks[::2], [str(d) for d in d_ks[::2]])
+    ax_m.minorticks_off()
+    ax_m.set_xlabel("d_k")
     ax_m.set_ylabel("largest weight")
     ax_m.set_title(f"mean over {raw.shape[1]} queries", fontsize=11)
     ax_m.legend(loc="center right", fontsize=10, frameon=False)
