@@ -228,6 +228,18 @@ def test_stub_is_not_attempted(capsys):
     assert "not attempted yet" in capsys.readouterr().out
 
 
+def test_stub_message_fits_the_page_column(capsys):
+    """The page's output column holds about 76 characters; the stub's message (shown
+    under every coding exercise of the book) must not scroll sideways."""
+
+    def encoder_attention(*args):  # the longest stub name of chapter 1
+        raise NotImplementedError
+
+    check_encoder_attention(encoder_attention)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and max(map(len, lines)) <= 76, lines
+
+
 @pytest.mark.parametrize(
     "fn, words",
     [

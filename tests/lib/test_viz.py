@@ -1020,3 +1020,270 @@ def test_zero_shot_animation_rejects_a_similarity_of_the_wrong_shape():
         zero_shot_animation(
             torch.rand(2, 8, 8), torch.rand(2, 3), ["a", "b", "c"], true=[0, 3]
         )
+
+
+# --- chapters 1 (01_qkv) and 2 (02_scaled_dot_product): their animations ----------
+# viz.animations.attention (query scan, softmax, weighted sum) and .scaling (scores
+# scaled then softmaxed, the softmax saturating without the scale).
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+from transformer_course.viz import (
+    scaled_scores_animation,
+    softmax_animation,
+    softmax_saturation_animation,
+    weighted_sum_animation,
+)
+from transformer_course.viz.animations import _frames
+
+TOKENS = ["[CLS]", "the", "cat", "sat", "[SEP]"]
+
+
+@pytest.fixture
+def played(monkeypatch):
+    """The FuncAnimation each animation function hands to the player: its frames can
+    be drawn again (``anim._func(frame)``) and their artists read."""
+    seen = []
+    real = _frames.animation_html
+
+    def capture(anim, **kwargs):
+        seen.append(anim)
+        return real(anim, **kwargs)
+
+    monkeypatch.setattr(_frames, "animation_html", capture)
+    return seen
+
+
+def frame_count(html: str) -> int:
+    return len(re.findall(r'frames\[\d+\] = "data:image/png;base64,', html))
+
+
+def heights(bars) -> list[float]:
+    return [bar.get_height() for bar in bars]
+
+
+def overlapping_tick_labels(fig) -> list[tuple[str, str]]:
+    """Pairs of visible tick labels of one axis whose boxes overlap on the canvas."""
+    canvas = FigureCanvasAgg(fig)  # a closed figure has lost its canvas
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    pairs = []
+    for ax in fig.axes:
+        for labels in (ax.get_xticklabels(), ax.get_yticklabels()):
+            shown = [t for t in labels if t.get_visible() and t.get_text().strip()]
+            boxes = [t.get_window_extent(renderer) for t in shown]
+            for i in range(len(shown)):
+                for j in range(i + 1, len(shown)):
+                    if boxes[i].overlaps(boxes[j]):
+                        pairs.append((shown[i].get_text(), shown[j].get_text()))
+    return pairs
+
+
+def small_script_texts(fig) -> list[str]:
+    """Texts with a mathtext sub- or superscript ($d_k$, a log axis' $2^{4}$): drawn
+    at about 70% of the font size, below 10 px on the page whatever the font size."""
+    FigureCanvasAgg(fig).draw()  # tick labels exist once drawn
+    texts = [t.get_text() for t in fig.findobj(mpl.text.Text) if t.get_visible()]
+    return [s for s in texts if re.search(r"\$[^$]*[_^][^$]*\$", s)]
+
+
+def test_the_script_check_finds_a_subscript_and_a_log_axis():
+    fig, ax = plt.subplots()
+    ax.semilogx([1, 16, 256], [0, 1, 2], base=2)
+    ax.set_xlabel("$d_k$")
+    found = small_script_texts(fig)
+    assert "$d_k$" in found and any("^" in s for s in found)
+    plt.close(fig)
+
+
+def test_the_tick_label_check_finds_crowded_labels():
+    fig, ax = plt.subplots(figsize=(2, 2))
+    ax.set_xticks(range(20), [f"label {i}" for i in range(20)])
+    assert overlapping_tick_labels(fig)
+    plt.close(fig)
+
+
+def check_readable(anim, html: str) -> None:
+    """Frames as wide as the column, text >= 10 px (stated on the page too), no
+    overlapping tick labels."""
+    px = float(re.search(r'class="tc-animation" data-min-text-px="([\d.]+)"', html)[1])
+    assert px >= style.MIN_TEXT_PX
+    assert anim._fig.get_figwidth() * anim._fig.dpi <= style.COLUMN_PX
+    assert overlapping_tick_labels(anim._fig) == []
+    assert small_script_texts(anim._fig) == []
+
+
+def test_query_scan_frames_show_the_scores_and_end_on_the_softmax(played):
+    scores = torch.tensor([2.0, -1.0, 0.5, 0.0, 1.0])
+    html = query_scan_animation(scores, TOKENS, query_token="cat").data
+    (anim,) = played
+    assert frame_count(html) == len(TOKENS)
+    check_readable(anim, html)
+    ax_s, ax_w = anim._fig.axes
+    outline_s, bars_s = ax_s.containers
+    outline_w, bars_w = ax_w.containers
+    final = torch.softmax(scores, -1).tolist()
+    assert heights(outline_s) == pytest.approx(scores.tolist())  # in every frame
+    assert heights(outline_w) == pytest.approx(final)
+    anim._func(1)  # two keys seen: the softmax of those two
+    assert heights(bars_w)[:2] == pytest.approx(torch.softmax(scores[:2], -1).tolist())
+    assert heights(bars_w)[2:] == [0.0] * 3
+    anim._func(len(TOKENS) - 1)
+    assert heights(bars_s) == pytest.approx(scores.tolist())
+    assert heights(bars_w) == pytest.approx(final)
+
+
+def test_query_scan_rejects_a_score_matrix_and_too_few_labels():
+    with pytest.raises(ValueError, match=r"scores: .*1 dimension.*\(5, 5\)"):
+        query_scan_animation(torch.zeros(5, 5), TOKENS)
+    with pytest.raises(ValueError, match="key_tokens: expected 5 labels.*got 4"):
+        query_scan_animation(torch.zeros(5), TOKENS[:4])
+
+
+def test_softmax_frames_are_its_four_steps(played):
+    scores = torch.tensor([3.0, 1.0, -2.0, 0.0, 1.5])
+    html = softmax_animation(scores, TOKENS).data
+    (anim,) = played
+    assert frame_count(html) == 4
+    check_readable(anim, html)
+    (ax,) = anim._fig.axes
+    (bars,) = ax.containers
+    shifted = scores - scores.max()
+    expected = [scores, shifted, shifted.exp(), torch.softmax(scores, -1)]
+    for frame, row in enumerate(expected):
+        anim._func(frame)
+        assert heights(bars) == pytest.approx(row.tolist(), abs=1e-6)
+        numbers = [t.get_text() for t in ax.texts]
+        assert numbers == [f"{x:.2f}" for x in row.tolist()]  # each bar's number
+    assert "sum to 1.00" in ax.get_title()
+
+
+def test_softmax_animation_names_a_wrong_label_count():
+    with pytest.raises(ValueError, match="key_tokens: expected 5 labels.*a string"):
+        softmax_animation(torch.zeros(5), "abcde")
+
+
+def test_weighted_sum_ends_on_the_output_row(played):
+    gen = torch.Generator().manual_seed(0)
+    weights = torch.softmax(torch.randn(5, generator=gen), -1)
+    values = torch.randn(5, 8, generator=gen)
+    html = weighted_sum_animation(weights, values, TOKENS, dims=6).data
+    (anim,) = played
+    assert frame_count(html) == len(TOKENS)
+    check_readable(anim, html)
+    ax_w, ax_v, ax_o = anim._fig.axes
+    first = int(weights.argmax())  # the largest weight comes first
+    anim._func(0)
+    assert ax_w.containers[0][first].get_edgecolor() == (0.0, 0.0, 0.0, 1.0)
+    (contribution,) = [c for c in ax_v.containers if c.patches[0].get_fill()]
+    output = ax_o.containers[0]
+    assert heights(contribution) == pytest.approx(
+        (weights[first] * values[first, :6]).tolist()
+    )
+    assert heights(output) == pytest.approx(heights(contribution))
+    anim._func(len(TOKENS) - 1)
+    assert heights(output) == pytest.approx((weights @ values)[:6].tolist(), abs=1e-6)
+    (marks,) = [line for line in ax_o.lines if line.get_marker() == "_"]
+    assert list(marks.get_ydata()) == pytest.approx(
+        (weights @ values)[:6].tolist(), abs=1e-6
+    )
+
+
+def test_weighted_sum_rejects_values_of_another_length_and_no_dims():
+    with pytest.raises(
+        ValueError, match=r"values: expected shape \(5, d_v\).*\(4, 8\)"
+    ):
+        weighted_sum_animation(torch.ones(5) / 5, torch.zeros(4, 8), TOKENS)
+    with pytest.raises(ValueError, match="dims: expected an int >= 1, got 0"):
+        weighted_sum_animation(torch.ones(5) / 5, torch.zeros(5, 8), TOKENS, dims=0)
+
+
+def test_scaled_scores_frames_light_each_row_stage_by_stage(played):
+    gen = torch.Generator().manual_seed(1)
+    raw = torch.randn(3, 4, generator=gen) * 8  # (T, S)
+    html = scaled_scores_animation(raw, 16).data
+    (anim,) = played
+    assert frame_count(html) == 3 * 3
+    check_readable(anim, html)
+    images = [im for ax in anim._fig.axes for im in ax.images]
+    expected = [raw, raw / 4, torch.softmax(raw / 4, -1)]
+    for image, stage in zip(images, expected):
+        drawn = image.get_array().filled().ravel().tolist()
+        assert drawn == pytest.approx(stage.flatten().tolist(), abs=1e-6)
+    anim._func(0)  # the first frame shows all three maps, row 0 of the first lit
+    alphas = [image.get_alpha() for image in images]
+    assert alphas[0][0].tolist() == [1.0] * 4 and alphas[0][1:].max() < 1
+    assert alphas[1].max() < 1 and alphas[2].max() < 1
+    anim._func(3 * 3 - 1)
+    assert all(a.min() == 1.0 for a in (image.get_alpha() for image in images))
+
+
+def test_scaled_scores_rejects_a_vector_and_d_k_zero():
+    with pytest.raises(ValueError, match=r"scores: .*2 dimension.*\(4,\)"):
+        scaled_scores_animation(torch.zeros(4), 4)
+    with pytest.raises(ValueError, match="d_k: expected an int >= 1, got 0"):
+        scaled_scores_animation(torch.zeros(2, 4), 0)
+
+
+def test_saturation_frames_are_the_softmax_with_and_without_the_scale(played):
+    gen = torch.Generator().manual_seed(2)
+    d_ks = [1, 16, 256]
+    raw = torch.stack(
+        [
+            torch.randn(6, 1, d, generator=gen) @ torch.randn(6, 4, d, generator=gen).mT
+            for d in d_ks
+        ]
+    ).squeeze(2)  # (n, N, S)
+    html = softmax_saturation_animation(raw, d_ks).data
+    (anim,) = played
+    assert frame_count(html) == len(d_ks)
+    check_readable(anim, html)
+    ax_s, ax_m, ax_u, ax_k = anim._fig.axes
+    unscaled, scaled = (
+        torch.softmax(raw, -1),
+        torch.softmax(raw / torch.tensor(d_ks).sqrt()[:, None, None], -1),
+    )
+    curves = {line.get_label(): line.get_ydata() for line in ax_m.lines}
+    assert curves["unscaled"] == pytest.approx(unscaled.amax(-1).mean(-1).tolist())
+    assert curves["scaled"] == pytest.approx(scaled.amax(-1).mean(-1).tolist())
+    for frame in range(len(d_ks)):
+        anim._func(frame)
+        assert heights(ax_u.containers[0]) == pytest.approx(
+            unscaled[frame, 0].tolist(), abs=1e-6
+        )
+        assert heights(ax_k.containers[0]) == pytest.approx(
+            scaled[frame, 0].tolist(), abs=1e-6
+        )
+        assert heights(ax_s.containers[0]) == pytest.approx(
+            raw[frame, 0].tolist(), abs=1e-5
+        )
+
+
+def test_saturation_needs_one_d_k_per_block_of_scores():
+    with pytest.raises(ValueError, match="d_ks: expected 3 sizes .*got 2"):
+        softmax_saturation_animation(torch.zeros(3, 4), [1, 2])
+    with pytest.raises(TypeError, match="d_ks: expected an int"):
+        softmax_saturation_animation(torch.zeros(2, 4), [1, 2.0])
+
+
+def test_frames_are_stored_with_a_palette_at_a_fraction_of_the_bytes():
+    import base64
+    import io
+
+    from PIL import Image
+
+    def frames(html):
+        found = re.findall(
+            r'frames\[\d+\] = "data:image/png;base64,(.*?)"', html, re.DOTALL
+        )
+        return [base64.b64decode(f.replace("\\\n", "")) for f in found]
+
+    fig, ax = plt.subplots(figsize=(4, 3), dpi=80)
+    ax.plot(torch.rand(50).numpy())
+    ax.set_title("a line")
+    html = animation_html(FuncAnimation(fig, lambda i: None, frames=2)).data
+    before, after = frames(html), frames(_frames.smaller_frames(html))
+    assert len(after) == len(before) == 2
+    assert sum(map(len, after)) < 0.6 * sum(map(len, before))
+    image = Image.open(io.BytesIO(after[0]))
+    assert image.mode == "P" and image.size == Image.open(io.BytesIO(before[0])).size

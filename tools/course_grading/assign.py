@@ -37,8 +37,9 @@ DIRECTIVE = re.compile(
     r"(?P<body>.*?)^(?P=fence)[ \t]*$",
     re.MULTILINE | re.DOTALL,
 )
-CODE_CELL = re.compile(
-    r"^```\{code-cell\}[^\n]*\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL
+CODE_CELL = re.compile(  # MyST cell options (":tags: [hide-input]") are not code
+    r"^```\{code-cell\}[^\n]*\n(?::[\w-]+:[^\n]*\n)*(?P<body>.*?)^```[ \t]*$",
+    re.MULTILINE | re.DOTALL,
 )
 PYTHON_BLOCK = re.compile(
     r"^```python[ \t]*\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL
@@ -152,15 +153,11 @@ def chapters(selected: list[str] | None = None) -> list[Path]:
     return chosen
 
 
-#: a MyST cell option line (``:tags: [hide-input]``) at the top of a cell's body
-CELL_OPTION = re.compile(r"\A(?::[\w-]+:[^\n]*\n)+")
-
-
 def first_code_cell(path: Path) -> str:
     """The code of a chapter's first code cell (its set-up), without the MyST cell
     options such as ``:tags: [hide-input]``, which are not Python."""
     m = CODE_CELL.search(path.read_text(encoding="utf-8"))
-    return CELL_OPTION.sub("", m["body"]).rstrip() if m else ""
+    return m["body"].rstrip() if m else ""  # CODE_CELL leaves the options out
 
 
 # ------------------------------------------------------------------------ otter assign

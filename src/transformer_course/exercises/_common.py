@@ -87,7 +87,7 @@ def exercise_check(check: Callable[..., bool]) -> Callable[..., bool]:
             name = name_of(fn, N_("your function"))
             print(
                 gettext(
-                    "not attempted yet: {name} raises NotImplementedError; "
+                    "not attempted yet: {name} raises NotImplementedError;\n"
                     "write its body and run this cell again."
                 ).format(name=name)
             )

@@ -4,7 +4,11 @@ each function taking a chapter's own tensors and returning the displayable HTML 
 frame bookkeeping lives here, not in the chapters)."""
 
 from transformer_course.viz.animations._player import animation_html
-from transformer_course.viz.animations.attention import query_scan_animation
+from transformer_course.viz.animations.attention import (
+    query_scan_animation,
+    softmax_animation,
+    weighted_sum_animation,
+)
 from transformer_course.viz.animations.captions import (
     caption_animation,
     zero_shot_animation,
@@ -30,6 +34,10 @@ from transformer_course.viz.animations.positions import (
     rotary_pairs_animation,
     sinusoidal_offset_animation,
 )
+from transformer_course.viz.animations.scaling import (
+    scaled_scores_animation,
+    softmax_saturation_animation,
+)
 
 __all__ = [
     "animation_html",
@@ -43,8 +51,12 @@ __all__ = [
     "mask_scores_animation",
     "query_scan_animation",
     "rotary_pairs_animation",
+    "scaled_scores_animation",
     "sinusoidal_offset_animation",
+    "softmax_animation",
+    "softmax_saturation_animation",
     "split_merge_animation",
     "tiles_animation",
+    "weighted_sum_animation",
     "zero_shot_animation",
 ]
