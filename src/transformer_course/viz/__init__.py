@@ -2,7 +2,14 @@
 modules) and return a matplotlib Figure or something displayable; nothing here trains
 or computes attention. Importing it applies the book style (``viz.style``)."""
 
-from transformer_course.viz.animations import animation_html, query_scan_animation
+from transformer_course.viz.animations import (
+    animation_html,
+    generation_animation,
+    grouped_query_animation,
+    head_pruning_animation,
+    query_scan_animation,
+    soft_target_animation,
+)
 from transformer_course.viz.diagrams import diagram, teacher_student_diagram
 from transformer_course.viz.interactive import interactive, static_mode
 from transformer_course.viz.plots import (
@@ -31,10 +38,14 @@ __all__ = [
     "attention_heatmap",
     "course_map",
     "diagram",
+    "generation_animation",
+    "grouped_query_animation",
+    "head_pruning_animation",
     "interactive",
     "kv_cache_diagram",
     "query_scan_animation",
     "set_alt_text",
+    "soft_target_animation",
     "static_mode",
     "teacher_student_diagram",
     "tiles_diagram",
