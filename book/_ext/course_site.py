@@ -16,7 +16,10 @@ page (a console error) and names a CDN. Its scripts are dropped from each page.
      may not have (critical); they become ``role="listitem"``;
    - the theme's search and colour-mode buttons have an ``aria-label`` that leaves out
      their visible text or icon titles (serious): templates/ overrides these
-     two theme components.
+     two theme components;
+   - myst-nb's toggle of a ``hide-input`` cell is a ``<summary>`` labelled "Toggle
+     hidden content" around the visible text "Show code cell source" (serious:
+     label-content-name-mismatch): the label goes, so its visible text names it.
 """
 
 from __future__ import annotations
@@ -74,6 +77,15 @@ def _citation_roles(app, pagename, templatename, context, doctree):
         context["body"] = body.replace('role="doc-biblioentry"', 'role="listitem"')
 
 
+_HIDE_TOGGLE = '<summary aria-label="Toggle hidden content">'
+
+
+def _toggle_names(app, pagename, templatename, context, doctree):
+    body = context.get("body")
+    if body and _HIDE_TOGGLE in body:
+        context["body"] = body.replace(_HIDE_TOGGLE, "<summary>")
+
+
 def _templates(app, config):
     config.templates_path.insert(0, str(Path(__file__).parent / "templates"))
 
@@ -83,4 +95,5 @@ def setup(app):
     app.connect("html-page-context", _add_link)
     app.connect("html-page-context", _drop_thebe)
     app.connect("html-page-context", _citation_roles)
+    app.connect("html-page-context", _toggle_names)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
