@@ -37,8 +37,10 @@ DIRECTIVE = re.compile(
     r"(?P<body>.*?)^(?P=fence)[ \t]*$",
     re.MULTILINE | re.DOTALL,
 )
+# a cell's body, after its MyST option lines (":tags: [hide-input]"), which are no Python
 CODE_CELL = re.compile(
-    r"^```\{code-cell\}[^\n]*\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL
+    r"^```\{code-cell\}[^\n]*\n(?::[^\n]*\n)*(?P<body>.*?)^```[ \t]*$",
+    re.MULTILINE | re.DOTALL,
 )
 PYTHON_BLOCK = re.compile(
     r"^```python[ \t]*\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL
