@@ -91,7 +91,7 @@ def generation_animation(
     top = np.argsort(-p, axis=1, kind="stable")[:, :top_k]  # (N, k)
     capacity = int(lengths[-1])
     prompt = int(lengths[0])
-    fig = plt.figure(figsize=(8.5, 3.8), dpi=_DPI)
+    fig = plt.figure(figsize=(8.5, 4.4), dpi=_DPI)
     ax_p = fig.add_axes([0.19, 0.13, 0.33, 0.55])
     ax_c = fig.add_axes([0.6, 0.13, 0.38, 0.55])
     text = fig.text(0.02, 0.97, "", va="top", fontsize=11, family="monospace")
@@ -199,7 +199,7 @@ def grouped_query_animation(
         raise ValueError(f"tokens: expected {t} labels, got {len(tokens)}")
     group = h_q // n_kv_heads
     fig, (ax_s, ax_w) = plt.subplots(
-        1, 2, figsize=(8.5, 3.6), dpi=_DPI, gridspec_kw={"width_ratios": [1.1, 1]}
+        1, 2, figsize=(8.5, 4.2), dpi=_DPI, gridspec_kw={"width_ratios": [1.1, 1]}
     )
     fig.subplots_adjust(left=0.02, right=0.97, bottom=0.14, top=0.84, wspace=0.15)
     qx = np.linspace(0, 1, h_q)
