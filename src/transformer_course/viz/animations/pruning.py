@@ -90,7 +90,7 @@ def head_pruning_animation(
     for i, (layer, head) in enumerate(order):
         rank[layer, head] = i
     fig, (ax_g, ax_c) = plt.subplots(
-        1, 2, figsize=(8.5, 3.8), dpi=_DPI, gridspec_kw={"width_ratios": [1.3, 1]}
+        1, 2, figsize=(8.5, 4.4), dpi=_DPI, gridspec_kw={"width_ratios": [1.3, 1]}
     )
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.17, top=0.83, wspace=0.3)
     ax_g.imshow(rank, cmap="Purples_r", vmin=-0.3 * len(order), vmax=len(order))
@@ -211,7 +211,7 @@ def soft_target_animation(
     p, q = softmax(t), softmax(s)  # (C,), (F, C)
     kl = temperature**2 * (p * (np.log(p) - np.log(q))).sum(-1)  # (F,)
     c = np.arange(len(t))
-    fig, ax = plt.subplots(figsize=(8.5, 3.5), dpi=_DPI)
+    fig, ax = plt.subplots(figsize=(8.5, 4.0), dpi=_DPI)
     fig.subplots_adjust(left=0.09, right=0.98, bottom=0.18, top=0.85)
     ax.bar(
         c, p, color=style.tint(style.ROLE_COLORS["embedding"], 0.45), label="teacher p"
