@@ -57,15 +57,6 @@ KNOWN_FAILURES = {
     "tests/site/test_a11y.py::test_no_serious_or_critical_axe_violation[08_beyond_text]": (
         "axe finds a serious violation on chapter 8 since the zero-shot rework"
     ),
-    "tests/site/test_a11y.py::test_no_serious_or_critical_axe_violation[10_modern_llm]": (
-        "axe finds a serious violation on the new chapter 10"
-    ),
-    "tests/site/test_browser.py::test_every_animation_plays[10_modern_llm]": (
-        "chapter 10 has no animation yet"
-    ),
-    "tests/site/test_browser.py::test_every_animation_control_shows_an_icon[10_modern_llm]": (
-        "chapter 10 has no animation yet"
-    ),
     "tests/slow/test_grading.py::test_half_right_gets_partial_marks[01_qkv]": (
         "chapter 1's exercises were rewritten as variants; the test's wrong answer and "
         "expected feedback still describe the old exercise"
