@@ -50,17 +50,7 @@ def tier_of(path: Path) -> str | None:
 
 # Known failures, found by the last full run and not yet fixed: each says what breaks. They
 # still run (xfail, not skip), and the next session fixes them and empties this table.
-KNOWN_FAILURES = {
-    "tests/site/test_a11y.py::test_no_serious_or_critical_axe_violation[10_modern_llm]": (
-        "axe finds a serious violation on the new chapter 10"
-    ),
-    "tests/site/test_browser.py::test_every_animation_plays[10_modern_llm]": (
-        "chapter 10 has no animation yet"
-    ),
-    "tests/site/test_browser.py::test_every_animation_control_shows_an_icon[10_modern_llm]": (
-        "chapter 10 has no animation yet"
-    ),
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1287,3 +1287,164 @@ def test_frames_are_stored_with_a_palette_at_a_fraction_of_the_bytes():
     assert sum(map(len, after)) < 0.6 * sum(map(len, before))
     image = Image.open(io.BytesIO(after[0]))
     assert image.mode == "P" and image.size == Image.open(io.BytesIO(before[0])).size
+
+
+# --- Chapters 9 (smaller models) and 10 (a modern LLM): viz.animations.pruning, .llm
+
+
+def _capture(monkeypatch, module_name: str) -> list:
+    """Make ``module_name``'s animation functions return their FuncAnimation (the
+    frames are then drawn one by one with ``anim._func(frame)``)."""
+    import importlib
+
+    module = importlib.import_module(module_name)
+    captured = []
+
+    def keep(anim, **kwargs):
+        captured.append(anim)
+        return animation_html(anim, **kwargs)
+
+    monkeypatch.setattr(module, "animation_html", keep)
+    return captured
+
+
+def test_head_pruning_animation_draws_each_count_and_its_fidelity(monkeypatch):
+    from transformer_course.viz import head_pruning_animation
+
+    captured = _capture(monkeypatch, "transformer_course.viz.animations.pruning")
+    order = [(i // 3, i % 3) for i in reversed(range(6))]  # (2 layers, 3 heads)
+    counts, rho = [0, 2, 4, 6], torch.tensor([1.0, 0.9, 0.7, 0.4])
+    html = head_pruning_animation(order, counts, rho, n_layers=2, n_heads=3).data
+    assert html.count("data:image/png;base64") == len(counts)
+    anim = captured[0]
+    fig = anim._fig
+    for frame, k in enumerate(counts):
+        artists = anim._func(frame)
+        crossed = [a for a in artists[: len(order)] if a.get_visible()]
+        outlined = [a for a in artists[len(order) : 2 * len(order)] if a.get_visible()]
+        assert len(crossed) == k  # the first k heads of the order are crossed
+        assert len(outlined) == (
+            counts[frame + 1] - k if frame + 1 < len(counts) else 0
+        )
+        line = artists[2 * len(order)]
+        assert list(line.get_xdata()) == counts[: frame + 1]
+        assert torch.allclose(torch.tensor(line.get_ydata()), rho[: frame + 1].double())
+    first = anim._func(0)
+    assert [a.get_visible() for a in first[len(order) : len(order) + 2]] == [True] * 2
+    assert "0 of 6 heads removed" in fig._suptitle.get_text()  # the idea at frame 0
+    plt.close(fig)
+
+
+def test_head_pruning_animation_rejects_an_order_missing_a_head():
+    from transformer_course.viz import head_pruning_animation
+
+    order = [(0, 0), (0, 1), (0, 1)]  # known-wrong: head (0, 2) missing, (0, 1) twice
+    with pytest.raises(ValueError, match=r"order: expected each of the 1 x 3 heads"):
+        head_pruning_animation(order, [0, 3], [1.0, 0.5], n_layers=1, n_heads=3)
+    with pytest.raises(ValueError, match=r"fidelity: expected shape \(2,\)"):
+        head_pruning_animation([(0, 0)], [0, 1], [1.0], n_layers=1, n_heads=1)
+    with pytest.raises(ValueError, match="n_removed: expected increasing counts"):
+        head_pruning_animation([(0, 0)], [1, 0], [1.0, 0.5], n_layers=1, n_heads=1)
+
+
+def test_soft_target_animation_draws_the_students_softmax_and_the_library_loss(
+    monkeypatch,
+):
+    from transformer_course import distill
+    from transformer_course.viz import soft_target_animation
+
+    captured = _capture(monkeypatch, "transformer_course.viz.animations.pruning")
+    teacher = torch.tensor([2.0, 0.0, -1.0, 0.5])
+    students = torch.stack([torch.zeros(4), 0.5 * teacher, teacher])  # (F, C)
+    T = 2.0
+    html = soft_target_animation(teacher, students, T, steps=[0, 5, 10]).data
+    assert html.count("data:image/png;base64") == 3
+    anim = captured[0]
+    for frame, s in enumerate(students):
+        _, dots, title = anim._func(frame)
+        q = torch.softmax(s / T, -1).double()
+        assert torch.allclose(torch.tensor(dots.get_ydata()), q)
+        loss = distill.soft_target_loss(s[None], teacher[None], T).item()
+        assert f"= {loss:.3f}" in title.get_text()  # the library's loss, T^2 KL
+    assert title.get_text().startswith("step 10:")
+    plt.close(anim._fig)
+
+
+def test_soft_target_animation_rejects_logits_of_another_width():
+    from transformer_course.viz import soft_target_animation
+
+    with pytest.raises(ValueError, match=r"student_logits: expected shape \(F, 4\)"):
+        soft_target_animation(torch.zeros(4), torch.zeros(2, 5), 1.0)  # known-wrong
+    with pytest.raises(ValueError, match="temperature: expected a number > 0"):
+        soft_target_animation(torch.zeros(4), torch.zeros(2, 4), 0.0)
+    with pytest.raises(ValueError, match="steps: expected 2 labels, got 3"):
+        soft_target_animation(torch.zeros(4), torch.zeros(2, 4), 1.0, steps=[0, 1, 2])
+
+
+def test_generation_animation_draws_the_top_tokens_nucleus_and_cache(monkeypatch):
+    from transformer_course.decoding import filter_logits
+    from transformer_course.viz import generation_animation
+
+    captured = _capture(monkeypatch, "transformer_course.viz.animations.llm")
+    probs = torch.softmax(
+        torch.randn(3, 10, generator=torch.Generator().manual_seed(1)), -1
+    )
+    chosen, lengths = probs.argmax(-1), torch.tensor([5, 6, 7])
+    html = generation_animation(
+        probs, chosen, lengths, lambda i: f"t{i}", top_p=0.5, top_k=4
+    ).data
+    assert html.count("data:image/png;base64") == 3
+    anim = captured[0]
+    key = mpl.colors.to_rgba(style.ROLE_COLORS["attention"])
+    for frame in range(3):
+        artists = anim._func(frame)
+        bars = artists[:4]
+        top = probs[frame].sort(descending=True).values[:4].double()
+        assert torch.allclose(torch.tensor([b.get_width() for b in bars]), top)
+        kept = filter_logits(probs[frame : frame + 1].log(), top_p=0.5).isfinite()
+        assert sum(b.get_facecolor() == key for b in bars) == int(kept.sum())
+        cells = artists[4:-2]
+        filled = [c for c in cells if c.get_facecolor() != mpl.colors.to_rgba("white")]
+        assert len(filled) == int(lengths[frame])  # one cell per cached token
+        assert f"KV cache: {int(lengths[frame])} tokens" in artists[-1].get_text()
+    plt.close(anim._fig)
+
+
+def test_generation_animation_rejects_a_cache_that_does_not_grow():
+    from transformer_course.viz import generation_animation
+
+    probs = torch.full((2, 4), 0.25)
+    with pytest.raises(ValueError, match="cache_lengths: expected increasing"):
+        generation_animation(probs, [0, 1], [5, 5], str)  # known-wrong: no growth
+    with pytest.raises(ValueError, match=r"chosen: expected shape \(2,\)"):
+        generation_animation(probs, [0], [5, 6], str)
+    with pytest.raises(ValueError, match="top_p: expected a probability in"):
+        generation_animation(probs, [0, 1], [5, 6], str, top_p=1.5)
+
+
+def test_grouped_query_animation_shows_each_heads_map_and_its_group(monkeypatch):
+    from transformer_course.viz import grouped_query_animation
+
+    captured = _capture(monkeypatch, "transformer_course.viz.animations.llm")
+    w = torch.softmax(torch.randn(6, 4, 4), -1)  # (H, T, T), 6 query heads
+    html = grouped_query_animation(w, 2, list("abcd"), layer=3).data
+    assert html.count("data:image/png;base64") == 6
+    anim = captured[0]
+    for h in range(6):
+        artists = anim._func(h)
+        image, title = artists[-2], artists[-1]
+        assert torch.allclose(torch.tensor(image.get_array().data), w[h].double())
+        assert f"query head {h} reads key/value head {h // 3}" in title.get_text()
+    plt.close(anim._fig)
+
+
+def test_grouped_query_animation_rejects_kv_heads_that_do_not_divide():
+    from transformer_course.viz import grouped_query_animation
+
+    w = torch.softmax(torch.randn(9, 4, 4), -1)
+    with pytest.raises(ValueError, match="n_kv_heads: expected a divisor of H = 9"):
+        grouped_query_animation(w, 2)  # known-wrong: 9 heads in groups of 2
+    with pytest.raises(ValueError, match=r"weights: expected shape \(H, T, T\)"):
+        grouped_query_animation(torch.zeros(9, 4, 5), 3)
+    with pytest.raises(ValueError, match="tokens: expected 4 labels, got 3"):
+        grouped_query_animation(w, 3, list("abc"))

@@ -26,6 +26,10 @@ from transformer_course.viz.animations.heads import (
     split_merge_animation,
 )
 from transformer_course.viz.animations.kv_cache import kv_cache_animation
+from transformer_course.viz.animations.llm import (
+    generation_animation,
+    grouped_query_animation,
+)
 from transformer_course.viz.animations.masks import (
     decode_step_animation,
     mask_scores_animation,
@@ -33,6 +37,10 @@ from transformer_course.viz.animations.masks import (
 from transformer_course.viz.animations.positions import (
     rotary_pairs_animation,
     sinusoidal_offset_animation,
+)
+from transformer_course.viz.animations.pruning import (
+    head_pruning_animation,
+    soft_target_animation,
 )
 from transformer_course.viz.animations.scaling import (
     scaled_scores_animation,
@@ -46,13 +54,17 @@ __all__ = [
     "cross_attention_decode_animation",
     "decode_step_animation",
     "flash_backward_animation",
+    "generation_animation",
+    "grouped_query_animation",
     "head_patterns_animation",
+    "head_pruning_animation",
     "kv_cache_animation",
     "mask_scores_animation",
     "query_scan_animation",
     "rotary_pairs_animation",
     "scaled_scores_animation",
     "sinusoidal_offset_animation",
+    "soft_target_animation",
     "softmax_animation",
     "softmax_saturation_animation",
     "split_merge_animation",
