@@ -1034,7 +1034,7 @@ from transformer_course.viz import (
     softmax_saturation_animation,
     weighted_sum_animation,
 )
-from transformer_course.viz.animations import _frames
+from transformer_course.viz.animations import _frames, _player
 
 TOKENS = ["[CLS]", "the", "cat", "sat", "[SEP]"]
 
@@ -1281,8 +1281,9 @@ def test_frames_are_stored_with_a_palette_at_a_fraction_of_the_bytes():
     fig, ax = plt.subplots(figsize=(4, 3), dpi=80)
     ax.plot(torch.rand(50).numpy())
     ax.set_title("a line")
-    html = animation_html(FuncAnimation(fig, lambda i: None, frames=2)).data
-    before, after = frames(html), frames(_frames.smaller_frames(html))
+    raw = FuncAnimation(fig, lambda i: None, frames=2).to_jshtml()
+    plt.close(fig)
+    before, after = frames(raw), frames(_player.smaller_frames(raw))
     assert len(after) == len(before) == 2
     assert sum(map(len, after)) < 0.6 * sum(map(len, before))
     image = Image.open(io.BytesIO(after[0]))
@@ -1448,3 +1449,24 @@ def test_grouped_query_animation_rejects_kv_heads_that_do_not_divide():
         grouped_query_animation(torch.zeros(9, 4, 5), 3)
     with pytest.raises(ValueError, match="tokens: expected 4 labels, got 3"):
         grouped_query_animation(w, 3, list("abc"))
+
+
+# --- every animation states its smallest text (viz.animations._player) --------------
+
+
+def test_animation_html_states_the_frames_smallest_text_px():
+    fig, ax = plt.subplots(figsize=(9.0, 3), dpi=76)  # the column's 684 px
+    ax.set_title("title", fontsize=12)
+
+    def update(i):
+        ax.set_xlabel(f"step {i}", fontsize=6)  # known small: only in the frames
+
+    html = animation_html(FuncAnimation(fig, update, frames=2)).data
+    px = float(re.search(r'data-min-text-px="([\d.]+)"', html)[1])
+    assert px == pytest.approx(6 * 76 / 72, abs=0.1)  # the xlabel, not the title
+    assert html.startswith('<div class="tc-animation"')
+
+    bare, _ = plt.subplots(figsize=(2, 2), dpi=50)
+    bare.axes[0].set_axis_off()
+    html = animation_html(FuncAnimation(bare, lambda i: None, frames=1)).data
+    assert "data-min-text-px" not in html  # no text: nothing to state

@@ -9,9 +9,6 @@ column (``style.COLUMN_PX``), so a frame is never scaled down and 10 pt text sho
 
 from __future__ import annotations
 
-import base64
-import io
-import re
 from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
@@ -19,18 +16,14 @@ import numpy as np
 import torch
 from IPython.display import HTML
 from matplotlib.animation import FuncAnimation
-from PIL import Image
 
 from transformer_course import _validation
-from transformer_course.viz import style
 from transformer_course.viz.animations._player import animation_html
 
 FRAME_DPI = 76  #: frames are FRAME_WIDTH_IN * FRAME_DPI = 684 px wide: the column
 FRAME_WIDTH_IN = 9.0
 PENDING = "#DDDDDD"  #: what is still to come (light grey)
 OUTLINE = "#555555"  #: dashed outlines of the final result
-PALETTE = 128  #: colours of a frame's PNG (an adaptive palette: a third of the bytes)
-_FRAME = re.compile(r'(frames\[\d+\] = "data:image/png;base64,)(.*?)(")', re.DOTALL)
 
 
 def as_array(name: str, x, ndim: int) -> np.ndarray:
@@ -69,34 +62,13 @@ def frame_figure(nrows: int, ncols: int, height_in: float, **kwargs):
     )
 
 
-def smaller_frames(html: str, colors: int = PALETTE) -> str:
-    """``html`` of ``to_jshtml`` with each PNG frame re-encoded with an adaptive
-    palette of ``colors`` colours (what keeps a page with three animations within its
-    2 MB)."""
-
-    def shrink(match: re.Match) -> str:
-        png = base64.b64decode(match[2].replace("\\\n", ""))
-        image = Image.open(io.BytesIO(png)).convert("RGB")
-        image = image.quantize(colors=colors, method=Image.Quantize.MEDIANCUT)
-        out = io.BytesIO()
-        image.save(out, "PNG", optimize=True)
-        return match[1] + base64.b64encode(out.getvalue()).decode("ascii") + match[3]
-
-    return _FRAME.sub(shrink, html)
-
-
 def play(fig, update, n_frames: int, *, alt: str, interval: int) -> HTML:
     """Animate ``update(frame)`` over ``n_frames`` frames of ``fig``: the player's
     HTML in a ``div.tc-animation`` that states the frames' smallest text in px."""
     _validation.positive_int("interval", interval)
     update(0)  # the titles of the first frame count for the text size
-    px = style.on_page_px(style.smallest_text_pt(fig), fig.get_figwidth(), fig.dpi)
-    # Saving a frame draws the figure; FuncAnimation would draw it once more before
-    # (draw_idle), for a screen this figure never has: half the rendering time saved.
-    fig.canvas.draw_idle = lambda *args, **kwargs: None
     anim = FuncAnimation(fig, update, frames=n_frames, interval=interval, blit=False)
-    html = smaller_frames(animation_html(anim, alt=alt).data)
-    return HTML(f'<div class="tc-animation" data-min-text-px="{px:.1f}">{html}</div>')
+    return animation_html(anim, alt=alt)
 
 
 def softmax(s: np.ndarray) -> np.ndarray:

@@ -5,13 +5,17 @@ frame is shown beside it (pitfall P21), and no request to a font CDN.
 
 from __future__ import annotations
 
+import base64
+import io
 import re
 from html import escape
 
 import matplotlib.pyplot as plt
 from IPython.display import HTML
 from matplotlib.animation import Animation
+from PIL import Image
 
+from transformer_course.viz import style
 from transformer_course.viz.plots import alt_text
 
 # to_jshtml() draws its buttons with Font Awesome 4 icons loaded from a CDN. The site
@@ -54,6 +58,34 @@ def _keep_first_layout(fig) -> None:
     connection = fig.canvas.mpl_connect("draw_event", freeze)
 
 
+PALETTE = 128  #: colours of a frame's PNG (an adaptive palette: a third of the bytes)
+_FRAME = re.compile(r'(frames\[\d+\] = "data:image/png;base64,)(.*?)(")', re.DOTALL)
+
+
+def smaller_frames(html: str, colors: int = PALETTE) -> str:
+    """``html`` of ``to_jshtml`` with each PNG frame re-encoded with an adaptive
+    palette of ``colors`` colours (what keeps a page with three animations within its
+    2 MB)."""
+
+    def shrink(match: re.Match) -> str:
+        png = base64.b64decode(match[2].replace("\\\n", ""))
+        image = Image.open(io.BytesIO(png)).convert("RGB")
+        image = image.quantize(colors=colors, method=Image.Quantize.MEDIANCUT)
+        out = io.BytesIO()
+        image.save(out, "PNG", optimize=True)
+        return match[1] + base64.b64encode(out.getvalue()).decode("ascii") + match[3]
+
+    return _FRAME.sub(shrink, html)
+
+
+def frame_text_px(fig) -> float | None:
+    """On-page px of the smallest text of ``fig`` drawn as an animation frame: the
+    player shows each frame at the figure's full size (``figsize`` x ``dpi``), scaled
+    down to the page's column when wider. None for a figure without text."""
+    size = style.smallest_text_pt(fig)
+    return None if size is None else style.on_page_px(size, fig.get_figwidth(), fig.dpi)
+
+
 def animation_html(
     anim: Animation, *, default_mode: str = "once", alt: str | None = None
 ) -> HTML:
@@ -68,7 +100,11 @@ def animation_html(
 
     Returns:
         ``IPython.display.HTML`` with a frame slider (labelled for screen readers) and
-        play buttons; displaying it gives exactly one text/html output.
+        play buttons, inside a ``div.tc-animation`` whose ``data-min-text-px`` states the
+        frames' smallest text on the page (read by ``tools/measure_pages.py``; the
+        smaller of the figure before the first frame and after the last); the PNG frames
+        have an adaptive palette (``smaller_frames``). Displaying it gives exactly one
+        text/html output.
 
     Raises:
         TypeError: if ``anim`` is not a matplotlib Animation.
@@ -77,9 +113,15 @@ def animation_html(
         raise TypeError(
             f"anim: expected a matplotlib Animation, got {type(anim).__name__}"
         )
-    _keep_first_layout(anim._fig)
-    html = anim.to_jshtml(default_mode=default_mode)
-    plt.close(anim._fig)
+    fig = anim._fig
+    _keep_first_layout(fig)
+    sizes = [frame_text_px(fig)]
+    # Saving a frame draws the figure; FuncAnimation would draw it once more before
+    # (draw_idle), for a screen this figure never has: half the rendering time saved.
+    fig.canvas.draw_idle = lambda *args, **kwargs: None
+    html = smaller_frames(anim.to_jshtml(default_mode=default_mode))
+    sizes.append(frame_text_px(fig))
+    plt.close(fig)
     html = _LINK.sub("", html)
     for cls, icon in _ICONS.items():
         html = html.replace(f'<i class="{cls}"></i>', icon)
@@ -100,4 +142,6 @@ def animation_html(
         r'\1 aria-label="Animation frame"',
         html,
     )
-    return HTML(html)
+    stated = [px for px in sizes if px is not None]
+    px = f' data-min-text-px="{min(stated):.1f}"' if stated else ""
+    return HTML(f'<div class="tc-animation"{px}>{html}</div>')

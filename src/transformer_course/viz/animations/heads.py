@@ -21,10 +21,6 @@ from matplotlib.patches import Rectangle
 from transformer_course import _validation
 from transformer_course.viz import style
 from transformer_course.viz.animations._player import animation_html
-from transformer_course.viz.animations._sizes import (
-    smallest_frame_text_px,
-    with_text_size,
-)
 
 _FADED = 0.15  # alpha of the heads a frame is not about
 _SMALL = style.FONT_PT["small"]
@@ -186,7 +182,6 @@ def split_merge_animation(q, weights, heads, *, batch: int = 0, interval=900) ->
             number of heads and queries.
     """
     fig, update, n_frames, _ = _split_merge_frames(q, weights, heads, batch)
-    px = smallest_frame_text_px(fig)
     n_heads = n_frames - 1
     anim = FuncAnimation(fig, update, frames=n_frames, interval=interval)
     alt = (
@@ -195,7 +190,7 @@ def split_merge_animation(q, weights, heads, *, batch: int = 0, interval=900) ->
         "weights and its output, which is written into the same features of the "
         "merged output; the last frame shows all heads merged"
     )
-    return with_text_size(animation_html(anim, alt=alt), px)
+    return animation_html(anim, alt=alt)
 
 
 def _head_pattern_frames(weights, tokens: Sequence[str], query: int | None = None):
@@ -310,11 +305,10 @@ def head_patterns_animation(
             ``query`` is out of range.
     """
     fig, update, n_heads, _ = _head_pattern_frames(weights, tokens, query)
-    px = smallest_frame_text_px(fig)
     anim = FuncAnimation(fig, update, frames=n_heads, interval=interval)
     alt = (
         f"Animation in {n_heads} frames: the attention weights of each of {n_heads} "
         f"heads on the tokens {' '.join(tokens)}, one head at a time, beside "
         "thumbnails of all the heads"
     )
-    return with_text_size(animation_html(anim, alt=alt), px)
+    return animation_html(anim, alt=alt)

@@ -23,10 +23,6 @@ from matplotlib.animation import FuncAnimation
 from transformer_course import _validation, positional
 from transformer_course.viz import style
 from transformer_course.viz.animations._player import animation_html
-from transformer_course.viz.animations._sizes import (
-    smallest_frame_text_px,
-    with_text_size,
-)
 
 
 def _vector(name: str, x) -> torch.Tensor:
@@ -173,7 +169,6 @@ def rotary_pairs_animation(
             positions, a negative offset, or a pair index out of range.
     """
     fig, update, n_frames, _ = _rotary_frames(q, k, positions, offset, pairs, base)
-    px = smallest_frame_text_px(fig)
     anim = FuncAnimation(fig, update, frames=n_frames, interval=interval)
     alt = (
         f"Animation in {n_frames} frames: pairs {', '.join(map(str, pairs))} of a "
@@ -181,7 +176,7 @@ def rotary_pairs_animation(
         "rotary embedding turns as both move along the sequence; the angle between "
         "them and their score stay the same"
     )
-    return with_text_size(animation_html(anim, alt=alt), px)
+    return animation_html(anim, alt=alt)
 
 
 def _offset_frames(pe, positions, max_offset: int):
@@ -265,11 +260,10 @@ def sinusoidal_offset_animation(
             ``max_offset`` < 1.
     """
     fig, update, n_frames, _ = _offset_frames(pe, positions, max_offset)
-    px = smallest_frame_text_px(fig)
     anim = FuncAnimation(fig, update, frames=n_frames, interval=interval)
     alt = (
         f"Animation in {n_frames} frames: the dot product of the sinusoidal "
         "encoding at a sliding position p with every other position, against the "
         "position (the peak moves) and against the offset (the curve stays)"
     )
-    return with_text_size(animation_html(anim, alt=alt), px)
+    return animation_html(anim, alt=alt)
