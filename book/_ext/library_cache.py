@@ -74,7 +74,22 @@ def _per_library_cache(app, config) -> None:
             if old != cache and old.is_dir():
                 shutil.rmtree(old, ignore_errors=True)
     config.nb_execution_cache_path = str(cache)
+    create_cache_database(cache)
     LOGGER.info(f"{PACKAGE} {value} ({folder}): execution cache {cache}")
+
+
+def create_cache_database(cache: Path) -> None:
+    """Create the execution cache's database (its tables) before the pages are read.
+
+    jupyter-cache creates it on first use, in whichever process gets there first: with
+    Sphinx reading in several processes (tools/build_book.py) on a fresh clone, a second
+    process finds the database file another has just created but not its tables yet,
+    skips creating them, and fails with "Unexpected error accessing jupyter cache, it
+    may need to be cleared" (sqlite "no such table"). Here the main process, alone,
+    creates them first; the readers then only open it."""
+    from jupyter_cache import get_cache
+
+    get_cache(str(cache)).get_cache_limit()  # creates the folder, the tables, reads one
 
 
 _BUILD_START: dict[int, float] = {}  # id(app) -> when the build started

@@ -148,3 +148,27 @@ def test_the_chinese_build_adds_its_times_to_the_english_record(tmp_path):
     library_cache._log_execution_times(chinese, None)
     times = yaml.safe_load(record.read_text())
     assert times == {"book/06_transformer": 229.0, "intro": 2.5}
+
+
+def _open_cache_and_query(path: str) -> int:
+    from jupyter_cache import get_cache
+
+    return len(get_cache(path).list_cache_records())
+
+
+def test_the_cache_database_exists_before_parallel_readers_open_it(tmp_path):
+    """A fresh clone's parallel build (stop 33's CI failure): processes that open a new
+    jupyter cache at once race to create its tables; the main process creates them first."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    library_cache = load("library_cache", ROOT / "book" / "_ext" / "library_cache.py")
+    cache = tmp_path / "library-abc"
+    library_cache.create_cache_database(cache)
+    import sqlite3
+
+    with sqlite3.connect(cache / "global.db") as db:
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+    assert {"settings", "nbcache", "nbproject"} <= tables, tables
+    with ProcessPoolExecutor(8) as pool:
+        counts = list(pool.map(_open_cache_and_query, [str(cache)] * 32))
+    assert counts == [0] * 32
