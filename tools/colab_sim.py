@@ -181,6 +181,18 @@ class Result:
     ok: bool
     seconds: float
     error: str = ""
+    printed: str = ""  # what the cells printed (their stream outputs), in order
+
+
+def printed_text(nb) -> str:
+    """The text every code cell of an executed notebook printed, in order."""
+    return "".join(
+        output.get("text", "")
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for output in cell.get("outputs", [])
+        if output.get("output_type") == "stream"
+    )
 
 
 def kernel_env(venv: Path, home: Path, repo_snapshot: Path) -> dict[str, str]:
@@ -246,7 +258,8 @@ def run_notebook(
         start = time.perf_counter()
         try:
             client.execute(env=kernel_env(venv, home, repo_snapshot))
-            return Result(notebook.name, True, time.perf_counter() - start)
+            seconds = time.perf_counter() - start
+            return Result(notebook.name, True, seconds, printed=printed_text(nb))
         except CellExecutionError as err:
             text = _ANSI.sub("", str(err))
             return Result(

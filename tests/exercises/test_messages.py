@@ -504,3 +504,15 @@ def test_messages_follow_the_glossary(catalog):
     assert problems == {}
     assert _glossary_problems("the mask is inverted", "遮罩反了") == ["掩码", "遮罩"]
     assert _glossary_problems("pad the batch", "填充批次") == ["批量", "批次"]
+
+
+def test_the_grading_sandbox_passes_the_feedback_language(tmp_path, monkeypatch):
+    """`TRANSFORMER_COURSE_LANG=zh make grade`: the learner code that the grader runs
+    (and its self-check feedback) sees the language; other instructor variables not."""
+    from course_grading.sandbox import Sandbox  # tools/, on pytest's pythonpath
+
+    monkeypatch.setenv("TRANSFORMER_COURSE_LANG", "zh")
+    monkeypatch.setenv("INSTRUCTOR_SECRET", "do-not-leak")
+    env = Sandbox("none").env(tmp_path)
+    assert env["TRANSFORMER_COURSE_LANG"] == "zh"
+    assert "INSTRUCTOR_SECRET" not in env

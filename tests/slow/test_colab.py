@@ -73,6 +73,34 @@ def test_chapter_runs_in_colab_without_the_repository(sim, name):
     assert result.ok, f"{name} failed in the Colab simulation:\n{result.error}"
 
 
+# One Chinese notebook (a short chapter: each costs a full run): it installs and runs as
+# the English one does, and its self-checks speak Chinese (the install cell sets
+# TRANSFORMER_COURSE_LANG=zh before the library is imported).
+CHINESE = "02_scaled_dot_product"
+NOT_ATTEMPTED = {"zh": "尚未作答", "en": "not attempted yet"}
+
+
+def test_a_chinese_notebook_runs_with_chinese_self_checks(sim):
+    path = ROOT / "notebooks" / "zh" / f"{CHINESE}.ipynb"
+    if not path.exists():
+        pytest.skip(f"{path.relative_to(ROOT)} is not translated yet")
+    first = nbformat.read(path, as_version=4).cells[0].source
+    assert 'os.environ["TRANSFORMER_COURSE_LANG"] = "zh"' in first
+    result = sim.run(path)
+    assert result.ok, f"zh/{CHINESE} failed in the Colab simulation:\n{result.error}"
+    assert NOT_ATTEMPTED["zh"] in result.printed, result.printed[-2000:]
+    assert NOT_ATTEMPTED["en"] not in result.printed, result.printed[-2000:]
+
+
+def test_an_english_notebook_self_checks_in_english():
+    """The known-wrong case for the check above: the English notebooks set no language,
+    and what they print (the book's executed pages) is English."""
+    text = (ROOT / "book" / f"{CHINESE}.md").read_text(encoding="utf-8")
+    assert "check_" in text  # the chapter has self-checks whose messages are tested
+    nb = nbformat.read(ROOT / "notebooks" / f"{CHINESE}.ipynb", as_version=4)
+    assert "TRANSFORMER_COURSE_LANG" not in nb.cells[0].source
+
+
 def test_a_notebook_that_needs_the_repository_fails(sim, tmp_path):
     """The check can fail: the environment does not hold the package until a notebook
     installs it, and the repository is not reachable from the notebook's folder."""

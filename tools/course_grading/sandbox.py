@@ -96,6 +96,17 @@ def _under(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
+# The only variables of the instructor's environment that learner code sees.
+PASSED_THROUGH = (
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "TRANSFORMER_COURSE_LANG",
+)
+
+
 @dataclass
 class Sandbox:
     """How to run one command of learner code; JSON-serialisable (``to_json``)."""
@@ -112,7 +123,9 @@ class Sandbox:
         return cls(**json.loads(text))
 
     def env(self, work: Path) -> dict[str, str]:
-        """A clean environment: nothing of the instructor's variables but PATH/locale;
+        """A clean environment: nothing of the instructor's variables but PATH, the locale,
+        the thread counts and ``TRANSFORMER_COURSE_LANG`` (the language of the self-check
+        feedback: ``TRANSFORMER_COURSE_LANG=zh make grade`` gives Chinese feedback).
         HOME is ``work/home``, empty (so what the learner's code writes to ~ is seen and
         flagged, and never reaches the instructor's home)."""
         packages = _packages()
@@ -121,11 +134,7 @@ class Sandbox:
             if self.backend == "bwrap"
             else os.pathsep.join(sorted({str(p.parent) for p in packages.values()}))
         )
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if k in ("PATH", "LANG", "LC_ALL", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-        }
+        env = {k: v for k, v in os.environ.items() if k in PASSED_THROUGH}
         env.update(
             HOME=str(work / HOME),
             TMPDIR=str(work / ".tmp"),
