@@ -1470,3 +1470,16 @@ def test_animation_html_states_the_frames_smallest_text_px():
     bare.axes[0].set_axis_off()
     html = animation_html(FuncAnimation(bare, lambda i: None, frames=1)).data
     assert "data-min-text-px" not in html  # no text: nothing to state
+
+
+def test_as_array_is_the_one_converter_and_rejects_empty_or_misshapen_input():
+    from transformer_course.viz.animations import _frames
+    from transformer_course.viz.plots import as_array
+
+    assert _frames.as_array is as_array  # figures and animations share it
+    x = torch.tensor([[1 / 3, 2.0]], dtype=torch.float64)
+    assert as_array("x", x, 2)[0, 0] == 1 / 3  # float64 kept, not rounded via float32
+    with pytest.raises(ValueError, match=r"weights: .*shape \(T, N\), got shape \(3,\)"):
+        as_array("weights", [1.0, 2.0, 3.0], 2, "(T, N)")
+    with pytest.raises(ValueError, match=r"probs: expected a non-empty array"):
+        as_array("probs", torch.empty(0, 4), 2)

@@ -21,13 +21,29 @@ from matplotlib.figure import Figure
 from transformer_course.viz import style
 
 
-def _as_numpy(x, name: str, ndim: int) -> np.ndarray:
+def as_array(name: str, x, ndim: int, shape: str | None = None) -> np.ndarray:
+    """``x`` (tensor or array-like) as a float64 numpy array with ``ndim`` dimensions
+    (a tensor goes through ``.double()``: no precision is lost on the way). The one
+    converter of the figures and the animations (``animations._frames`` re-exports it).
+
+    Args:
+        name: the argument's name, for the error message.
+        x: tensor, array or nested sequence of numbers.
+        ndim: the number of dimensions expected.
+        shape: the expected shape in words, e.g. ``"(T, N)"``, for the error message.
+
+    Raises:
+        ValueError: naming ``name``, for another number of dimensions or no entries.
+    """
     if isinstance(x, torch.Tensor):
-        x = x.detach().float().cpu().numpy()
-    x = np.asarray(x, dtype=float)
-    if x.ndim != ndim:
-        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {x.shape}")
-    return x
+        x = x.detach().cpu().double().numpy()
+    a = np.asarray(x, dtype=float)
+    if a.ndim != ndim or a.size == 0:
+        what = f"shape {shape}" if shape else f"{ndim} dimension(s)"
+        raise ValueError(
+            f"{name}: expected a non-empty array with {what}, got shape {a.shape}"
+        )
+    return a
 
 
 def _draw(ax, w, x_labels, y_labels, title, cmap, annotate, vmax):
@@ -84,7 +100,7 @@ def attention_heatmap(
     Raises:
         ValueError: if ``weights`` is not 2-D or a label list has the wrong length.
     """
-    w = _as_numpy(weights, "weights", 2)
+    w = as_array("weights", weights, 2)
     if figsize is None:
         figsize = (1.0 + 0.45 * w.shape[1] + 1.2, 1.0 + 0.45 * w.shape[0])
         figsize = style.fit_width((max(figsize[0], 3.5), max(figsize[1], 3.0)))

@@ -13,34 +13,17 @@ from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
-import torch
 from IPython.display import HTML
 from matplotlib.animation import FuncAnimation
 
 from transformer_course import _validation
 from transformer_course.viz.animations._player import animation_html
+from transformer_course.viz.plots import as_array  # noqa: F401 (the animations' converter)
 
 FRAME_DPI = 76  #: frames are FRAME_WIDTH_IN * FRAME_DPI = 684 px wide: the column
 FRAME_WIDTH_IN = 9.0
 PENDING = "#DDDDDD"  #: what is still to come (light grey)
 OUTLINE = "#555555"  #: dashed outlines of the final result
-
-
-def as_array(name: str, x, ndim: int) -> np.ndarray:
-    """``x`` (tensor or array-like) as a float numpy array with ``ndim`` dimensions.
-
-    Raises:
-        ValueError: naming ``name``, for another number of dimensions or no entries.
-    """
-    if isinstance(x, torch.Tensor):
-        x = x.detach().float().cpu().numpy()
-    a = np.asarray(x, dtype=float)
-    if a.ndim != ndim or a.size == 0:
-        raise ValueError(
-            f"{name}: expected a non-empty array with {ndim} dimension(s), "
-            f"got shape {a.shape}"
-        )
-    return a
 
 
 def check_labels(name: str, labels, n: int) -> None:

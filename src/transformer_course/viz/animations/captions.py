@@ -8,26 +8,19 @@ from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
-import torch
 from IPython.display import HTML
 from matplotlib.animation import FuncAnimation
 
 from transformer_course import _validation
 from transformer_course.viz import style
+from transformer_course.viz.animations._frames import as_array
 from transformer_course.viz.animations._player import animation_html
-
-
-def _array(name: str, x, ndim: int, shape: str) -> np.ndarray:
-    a = np.asarray(torch.as_tensor(x).detach().float().cpu(), dtype=float)
-    if a.ndim != ndim:
-        raise ValueError(f"{name}: expected shape {shape}, got {a.shape}")
-    return a
 
 
 def _caption_frames(image, words: Sequence[str], weights, patch: int):
     """The figure of ``caption_animation`` and its frame function: (fig, update, n)."""
-    img = _array("image", image, 2, "(H, W)")
-    w = _array("weights", weights, 2, "(T, N)")
+    img = as_array("image", image, 2, "(H, W)")
+    w = as_array("weights", weights, 2, "(T, N)")
     _validation.positive_int("patch", patch)
     h, wd = img.shape
     if h % patch or wd % patch:
@@ -111,8 +104,8 @@ def caption_animation(
 
 def _zero_shot_frames(images, similarity, class_names: Sequence[str], true):
     """The figure of ``zero_shot_animation`` and its frame function: (fig, update, n)."""
-    imgs = _array("images", images, 3, "(M, H, W)")
-    sim = _array("similarity", similarity, 2, "(M, C)")
+    imgs = as_array("images", images, 3, "(M, H, W)")
+    sim = as_array("similarity", similarity, 2, "(M, C)")
     if sim.shape != (imgs.shape[0], len(class_names)):
         raise ValueError(
             f"similarity: expected (M, C) = ({imgs.shape[0]}, {len(class_names)}): one "

@@ -14,6 +14,34 @@ from transformer_course.viz import style
 from transformer_course.viz.animations._player import animation_html
 
 
+def _tile_grid(ax, t: int, s: int, block: int, computed: set) -> dict:
+    """The (T, S) score matrix in ``block`` x ``block`` tiles on ``ax``: one patch per
+    tile, keyed ``(i, j)``; a tile not in ``computed`` is drawn hatched grey (skipped)."""
+    ax.set_xlim(0, s)
+    ax.set_ylim(t, 0)
+    ax.set_aspect("equal")
+    ax.set_xticks(range(0, s + 1, block))
+    ax.set_yticks(range(0, t + 1, block))
+    ax.set_xlabel("key position")
+    ax.set_ylabel("query position")
+    tiles = {}
+    for i in range(-(-t // block)):
+        for j in range(-(-s // block)):
+            skipped = (i, j) not in computed
+            tiles[i, j] = ax.add_patch(
+                Rectangle(
+                    (j * block, i * block),
+                    block,
+                    block,
+                    edgecolor="black",
+                    lw=0.8,
+                    facecolor="lightgrey" if skipped else "white",
+                    hatch="//" if skipped else None,
+                )
+            )
+    return tiles
+
+
 def flash_backward_animation(history, block: int, *, interval: int = 700) -> HTML:
     """FlashAttention-2's backward pass, tile by tile, on the page's numbers (chapter 7).
 
@@ -57,34 +85,12 @@ def flash_backward_animation(history, block: int, *, interval: int = 700) -> HTM
             f"{frames[-1][2].shape} and {frames[-1][3].shape}"
         )
     t, s = frames[-1][2].shape[0], frames[-1][3].shape[0]
-    n_q, n_k = -(-t // block), -(-s // block)
     computed = {(i, j) for i, j, _, _ in frames}
     fig, (ax_g, ax_k, ax_q) = plt.subplots(
         1, 3, figsize=(8.5, 3.2), dpi=72, gridspec_kw={"width_ratios": [1.2, 0.7, 0.7]}
     )
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.17, top=0.8, wspace=0.45)
-    ax_g.set_xlim(0, s)
-    ax_g.set_ylim(t, 0)
-    ax_g.set_aspect("equal")
-    ax_g.set_xticks(range(0, s + 1, block))
-    ax_g.set_yticks(range(0, t + 1, block))
-    ax_g.set_xlabel("key position")
-    ax_g.set_ylabel("query position")
-    tiles = {}
-    for i in range(n_q):
-        for j in range(n_k):
-            skipped = (i, j) not in computed
-            tiles[i, j] = ax_g.add_patch(
-                Rectangle(
-                    (j * block, i * block),
-                    block,
-                    block,
-                    edgecolor="black",
-                    lw=0.8,
-                    facecolor="lightgrey" if skipped else "white",
-                    hatch="//" if skipped else None,
-                )
-            )
+    tiles = _tile_grid(ax_g, t, s, block, computed)
     vmax = max(np.abs(f[2]).max() for f in frames) or 1.0
     vmax = max(vmax, max(np.abs(f[3]).max() for f in frames) or 1.0)
     images, outlines = [], []
@@ -182,28 +188,7 @@ def _tiles_frames(history, block: int, shape: tuple[int, int]):
         1, 3, figsize=(8.5, 2.9), dpi=72, gridspec_kw={"width_ratios": [1.1, 1, 1]}
     )
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.2, top=0.82, wspace=0.45)
-    ax_g.set_xlim(0, s)
-    ax_g.set_ylim(t, 0)
-    ax_g.set_aspect("equal")
-    ax_g.set_xticks(range(0, s + 1, block))
-    ax_g.set_yticks(range(0, t + 1, block))
-    ax_g.set_xlabel("key position")
-    ax_g.set_ylabel("query position")
-    tiles = {}
-    for i in range(n_q):
-        for j in range(n_k):
-            skipped = (i, j) not in computed
-            tiles[i, j] = ax_g.add_patch(
-                Rectangle(
-                    (j * block, i * block),
-                    block,
-                    block,
-                    edgecolor="black",
-                    lw=0.8,
-                    facecolor="lightgrey" if skipped else "white",
-                    hatch="//" if skipped else None,
-                )
-            )
+    tiles = _tile_grid(ax_g, t, s, block, computed)
     rows = np.arange(block)
     all_m = np.concatenate([f[2] for f in frames])
     all_l = np.concatenate([f[3] for f in frames])

@@ -18,16 +18,10 @@ from matplotlib.patches import Rectangle
 from transformer_course import _validation
 from transformer_course.decoding import filter_logits
 from transformer_course.viz import style
+from transformer_course.viz.animations._frames import as_array
 from transformer_course.viz.animations._player import animation_html
 
 _DPI = 80  # 8.5 in x 80 dpi = 680 px: the column's width, 10 pt text at 11 px
-
-
-def _array(x, name: str, ndim: int) -> np.ndarray:
-    a = np.asarray(torch.as_tensor(x).detach().cpu().double())
-    if a.ndim != ndim:
-        raise ValueError(f"{name}: expected a {ndim}-D array, got shape {a.shape}")
-    return a
 
 
 def generation_animation(
@@ -71,10 +65,10 @@ def generation_animation(
             top_p outside (0, 1].
         TypeError: a top_k that is not an int.
     """
-    p = _array(probs, "probs", 2)
+    p = as_array("probs", probs, 2)
     n = p.shape[0]
-    ids = _array(chosen, "chosen", 1).astype(int)
-    lengths = _array(cache_lengths, "cache_lengths", 1).astype(int)
+    ids = as_array("chosen", chosen, 1).astype(int)
+    lengths = as_array("cache_lengths", cache_lengths, 1).astype(int)
     if n == 0:
         raise ValueError("probs: expected at least one step, got shape (0, V)")
     for name, a in (("chosen", ids), ("cache_lengths", lengths)):
@@ -189,7 +183,7 @@ def grouped_query_animation(
             ``tokens`` not of length T.
         TypeError: n_kv_heads not an int.
     """
-    w = _array(weights, "weights", 3)
+    w = as_array("weights", weights, 3)
     h_q, t, t2 = w.shape
     if t != t2:
         raise ValueError(f"weights: expected shape (H, T, T), got {w.shape}")

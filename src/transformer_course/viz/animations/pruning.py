@@ -10,23 +10,16 @@ from itertools import pairwise
 
 import matplotlib.pyplot as plt
 import numpy as np
-import torch
 from IPython.display import HTML
 from matplotlib.animation import FuncAnimation
 from matplotlib.patches import Rectangle
 
 from transformer_course import _validation
 from transformer_course.viz import style
+from transformer_course.viz.animations._frames import as_array
 from transformer_course.viz.animations._player import animation_html
 
 _DPI = 80  # 8.5 in x 80 dpi = 680 px: the column's width, 10 pt text at 11 px
-
-
-def _array(x, name: str, ndim: int) -> np.ndarray:
-    a = np.asarray(torch.as_tensor(x).detach().cpu().double())
-    if a.ndim != ndim:
-        raise ValueError(f"{name}: expected a {ndim}-D array, got shape {a.shape}")
-    return a
 
 
 def head_pruning_animation(
@@ -74,7 +67,7 @@ def head_pruning_animation(
             f"{len(order)} entries covering {len(set(order) & every)} heads"
         )
     counts = [int(k) for k in n_removed]
-    rho = _array(fidelity, "fidelity", 1)
+    rho = as_array("fidelity", fidelity, 1)
     if len(rho) != len(counts) or not counts:
         raise ValueError(
             f"fidelity: expected shape ({len(counts)},), one per n_removed, got "
@@ -190,8 +183,8 @@ def soft_target_animation(
         ValueError: logits of other shapes than (C,) and (F, C) with the same C, a
             temperature that is not positive, or ``steps`` of another length than F.
     """
-    t = _array(teacher_logits, "teacher_logits", 1)
-    s = _array(student_logits, "student_logits", 2)
+    t = as_array("teacher_logits", teacher_logits, 1)
+    s = as_array("student_logits", student_logits, 2)
     if s.shape[1] != t.shape[0] or s.shape[0] == 0:
         raise ValueError(
             f"student_logits: expected shape (F, {t.shape[0]}) with F >= 1, got "
