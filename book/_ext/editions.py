@@ -10,10 +10,14 @@ comes from Sphinx's ``language`` (``zh_CN`` for the Chinese one).
 2. In the Chinese edition, a ``{doc}`` reference to a page that is not translated yet
    resolves to the English page, its title followed by "（英文）", so a translated page
    keeps the English page's cross-references unchanged and the build does not warn.
+3. In the Chinese edition, the relative path of an ``{literalinclude}`` or ``{include}``
+   (the same text as on the English page, e.g. ``../src/transformer_course/attention.py``)
+   is read from the English page's folder, ``book/``, not from ``book/zh/``.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -88,7 +92,37 @@ def _english_fallback(app, env, node, contnode):
     return reference
 
 
+_INCLUDE = re.compile(
+    r"^(?P<open>\s*(?:`{3,}|:{3,})\{(?:literalinclude|include)\}[ \t]+)(?P<path>\S+)",
+    re.MULTILINE,
+)
+
+
+def include_paths_from_the_english_folder(
+    text: str, english: Path, srcdir: Path
+) -> str:
+    """``text`` with each relative include path rewritten so that, read from ``srcdir``
+    (``book/zh/``), it names the file the English page (in ``english``) includes."""
+
+    def rewrite(match: re.Match) -> str:
+        path = match["path"]
+        if path.startswith("/") or "://" in path:
+            return match[0]
+        target = (english / path).resolve()
+        return match["open"] + os.path.relpath(target, srcdir.resolve())
+
+    return _INCLUDE.sub(rewrite, text)
+
+
+def _includes_from_the_english_folder(app, docname, source):
+    if is_chinese(app):
+        source[0] = include_paths_from_the_english_folder(
+            source[0], english_book(app), Path(app.srcdir)
+        )
+
+
 def setup(app):
+    app.connect("source-read", _includes_from_the_english_folder)
     app.connect("html-page-context", _add_language_link)
     app.connect("missing-reference", _english_fallback)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1479,7 +1479,9 @@ def test_as_array_is_the_one_converter_and_rejects_empty_or_misshapen_input():
     assert _frames.as_array is as_array  # figures and animations share it
     x = torch.tensor([[1 / 3, 2.0]], dtype=torch.float64)
     assert as_array("x", x, 2)[0, 0] == 1 / 3  # float64 kept, not rounded via float32
-    with pytest.raises(ValueError, match=r"weights: .*shape \(T, N\), got shape \(3,\)"):
+    with pytest.raises(
+        ValueError, match=r"weights: .*shape \(T, N\), got shape \(3,\)"
+    ):
         as_array("weights", [1.0, 2.0, 3.0], 2, "(T, N)")
     with pytest.raises(ValueError, match=r"probs: expected a non-empty array"):
         as_array("probs", torch.empty(0, 4), 2)

@@ -75,7 +75,7 @@ EN, ZH = app(None, ROOT), app("zh_CN", ROOT / "book" / "zh")
     ("build", "page", "expected"),
     [
         (EN, "book/intro", ("../zh/intro.html", "中文")),
-        (EN, "book/01_qkv", None),  # not translated yet
+        (EN, "book/01_qkv", ("../zh/01_qkv.html", "中文")),
         (EN, "genindex", None),
         (ZH, "intro", ("../book/intro.html", "English")),
         (ZH, "search", None),
@@ -83,6 +83,17 @@ EN, ZH = app(None, ROOT), app("zh_CN", ROOT / "book" / "zh")
 )
 def test_each_page_links_to_its_counterpart(build, page, expected):
     assert editions.counterpart(build, page) == expected
+
+
+def test_an_untranslated_page_has_no_language_link(tmp_path):
+    (tmp_path / "book" / "zh").mkdir(parents=True)
+    (tmp_path / "book" / "11_new.md").write_text("# New\n")
+    assert editions.counterpart(app(None, tmp_path), "book/11_new") is None
+    (tmp_path / "book" / "zh" / "11_new.md").write_text("# 新\n")
+    assert editions.counterpart(app(None, tmp_path), "book/11_new") == (
+        "../zh/11_new.html",
+        "中文",
+    )
 
 
 def doc_reference(target: str, explicit: bool = False) -> pending_xref:
@@ -172,3 +183,30 @@ def test_the_cache_database_exists_before_parallel_readers_open_it(tmp_path):
     with ProcessPoolExecutor(8) as pool:
         counts = list(pool.map(_open_cache_and_query, [str(cache)] * 32))
     assert counts == [0] * 32
+
+
+def test_a_chinese_page_includes_the_file_its_english_page_includes():
+    english = ROOT / "book" / "01_qkv.md"
+    line = next(
+        line
+        for line in english.read_text(encoding="utf-8").splitlines()
+        if "{literalinclude}" in line
+    )
+    path = line.split()[-1]
+    assert (english.parent / path).is_file()
+    chinese = editions.include_paths_from_the_english_folder(
+        line + "\n:pyobject: x\n", english.parent, ROOT / "book" / "zh"
+    )
+    new_path = chinese.split("\n")[0].split()[-1]
+    assert new_path != path  # as written, it would be read from book/zh/
+    assert not (ROOT / "book" / "zh" / path).exists()
+    assert (ROOT / "book" / "zh" / new_path).resolve() == (
+        english.parent / path
+    ).resolve()
+    assert chinese.endswith(":pyobject: x\n")
+    url = (
+        "```{literalinclude} /src/x.py"  # absolute (from the source folder): unchanged
+    )
+    assert (
+        editions.include_paths_from_the_english_folder(url, english.parent, ROOT) == url
+    )

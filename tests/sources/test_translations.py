@@ -162,7 +162,7 @@ def test_status_reports_missing_stale_and_listed_but_translated_pages(tmp_path):
     (root / "book" / "05_masks.md").write_text("# Masks\n")
     (root / "book" / "pitfalls.md").write_text("# Pitfalls, edited\n")
     (root / "book" / "zh" / "intro.md").unlink()
-    problems = "\n".join(translation.status(root))
+    problems = "\n".join(translation.status(root, not_yet=("01_qkv", "05_masks")))
     assert "intro: missing" in problems
     assert "pitfalls: stale" in problems
     assert "01_qkv: translated, remove it from NOT_TRANSLATED_YET" in problems
