@@ -154,10 +154,22 @@ def heading_levels(text: str) -> list[int]:
     return [len(m) for m in re.findall(r"^(#{1,6})\s", text, flags=re.MULTILINE)]
 
 
-def glue_names(text: str) -> Counter:
-    """The glued values the prose quotes (role text, format included), with counts."""
+ZH_SUFFIX = "_zh"  # viz.glue: the Chinese words of a value glued as X are glued as X_zh
+
+
+def glue_names(text: str, chinese: bool = False) -> Counter:
+    """The glued values the prose quotes (role text, format included), with counts.
+    On a Chinese page (``chinese``), ``X_zh`` (the Chinese words the code glued beside
+    the English ones, ``glue(X, ..., zh=...)``) counts as the English page's ``X``."""
+
+    def name(text: str) -> str:
+        key, colon, spec = text.partition(":")
+        if chinese and key.endswith(ZH_SUFFIX):
+            key = key.removesuffix(ZH_SUFFIX)
+        return key + colon + spec
+
     return Counter(
-        m["text"] for m in _ROLE.finditer(text) if m["role"].startswith("glue")
+        name(m["text"]) for m in _ROLE.finditer(text) if m["role"].startswith("glue")
     )
 
 

@@ -241,6 +241,17 @@ def test_a_glued_paragraph_becomes_a_cell_that_shows_the_measured_numbers(
     assert shown == ["It copies 92% and meets the target.\n\nNo number here."]
 
 
+def test_glue_keeps_the_chinese_words_beside_the_english_ones():
+    from transformer_course.viz.glue import fill, glue
+
+    glue("tc_test_verdict", "meets", zh="达到了")
+    assert fill("It {glue:text}`tc_test_verdict` it.") == "It meets it."
+    assert fill("它{glue:text}`tc_test_verdict_zh`。") == "它达到了。"
+    glue("tc_test_number", 3.0)  # no Chinese words: nothing glued as _zh
+    with pytest.raises(KeyError, match="tc_test_number_zh"):
+        fill("{glue:text}`tc_test_number_zh`")
+
+
 def test_fill_names_a_value_no_cell_has_glued():
     from transformer_course.viz.glue import fill
 
@@ -249,14 +260,49 @@ def test_fill_names_a_value_no_cell_has_glued():
 
 
 def _glued_names(code: str) -> list[re.Pattern]:
-    """The names a code cell glues, f-string fields read as wildcards."""
-    names = re.findall(r"\bglue\(\s*f?\"([^\"]+)\"", code)
-    return [
-        re.compile(re.sub(r"\\\{[^}]*\\\}", ".+", re.escape(n)) + "$") for n in names
-    ]
+    """The names a code cell glues, f-string fields read as wildcards; a call with
+    ``zh=`` also glues ``<name>_zh`` (the Chinese words the Chinese edition quotes)."""
+    import ast
+
+    patterns = []
+    for node in ast.walk(ast.parse(code)):
+        if not (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", None) == "glue"
+            and node.args
+        ):
+            continue
+        first = node.args[0]
+        if isinstance(first, ast.Constant):
+            pattern = re.escape(first.value)
+        elif isinstance(first, ast.JoinedStr):
+            pattern = "".join(
+                re.escape(v.value) if isinstance(v, ast.Constant) else ".+"
+                for v in first.values
+            )
+        else:
+            continue
+        patterns.append(re.compile(pattern + "$"))
+        if any(k.arg == "zh" for k in node.keywords):
+            patterns.append(re.compile(pattern + "_zh$"))
+    return patterns
 
 
-@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_glued_names_reads_chinese_words_and_f_strings():
+    code = 'glue("a", 1)\nglue(f"{n}_vs", "x", zh="y", display=False)\n'
+    names = _glued_names(code)
+    assert [p.pattern for p in names] == ["a$", ".+_vs$", ".+_vs_zh$"]
+    assert not any(p.match("a_zh") for p in names)  # glued without zh=
+
+
+ZH_CHAPTERS = sorted((ROOT / "book" / "zh").glob("[0-9][0-9]_*.md"))
+
+
+@pytest.mark.parametrize(
+    "chapter",
+    CHAPTERS + ZH_CHAPTERS,
+    ids=lambda p: p.relative_to(ROOT / "book").with_suffix("").as_posix(),
+)
 def test_every_glued_number_is_computed_before_the_text_that_quotes_it(chapter):
     """A notebook's prose cell fills in its numbers when it runs: each must have been
     glued by a code cell above it (and no raw label or placeholder is left)."""

@@ -67,7 +67,7 @@ def test_directives_outline_glue_and_labels_are_the_english_ones(page):
     en, zh = english(page), chinese(page)
     assert translation.directives(zh) == translation.directives(en)
     assert translation.heading_levels(zh) == translation.heading_levels(en)
-    assert translation.glue_names(zh) == translation.glue_names(en)
+    assert translation.glue_names(zh, chinese=True) == translation.glue_names(en)
     assert translation.labels(zh) == translation.labels(en)
 
 
@@ -93,6 +93,11 @@ def test_directive_outline_glue_and_label_checks_reject_a_changed_page():
     assert translation.directives(admonition) != translation.directives(EXERCISE)
     reglued = EXERCISE.replace("acc:.1f", "acc:.2f")
     assert translation.glue_names(reglued) != translation.glue_names(EXERCISE)
+    chinese_words = EXERCISE.replace("`acc:.1f`", "`acc_zh:.1f`")
+    assert translation.glue_names(chinese_words, chinese=True) == (
+        translation.glue_names(EXERCISE)
+    )
+    assert translation.glue_names(chinese_words) != translation.glue_names(EXERCISE)
     relabelled = EXERCISE.replace("{ref}`sec-qkv`", "{ref}`sec-kqv`")
     assert translation.labels(relabelled) != translation.labels(EXERCISE)
     outline = "# Title\n\n## Part\n\n```python\n# a comment\n```\n"

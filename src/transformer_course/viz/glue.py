@@ -16,15 +16,32 @@ GLUED: dict[str, object] = {}
 _ROLE = re.compile(r"\{glue(?::[a-z]+)?\}`(?P<name>[\w-]+)(?::(?P<spec>[^`]*))?`")
 
 
-def glue(name: str, value, display: bool = False) -> None:
+ZH_SUFFIX = "_zh"  #: the Chinese words of a value glued as ``name`` are ``name_zh``
+
+
+def glue(name: str, value, display: bool = False, *, zh: str | None = None) -> None:
     """Keep ``value`` under ``name`` for the prose, and pass it to myst_nb's ``glue``
-    when myst_nb is installed (the book build)."""
+    when myst_nb is installed (the book build).
+
+    Args:
+        name: the name the prose quotes, ``{glue:text}`name```.
+        value: a number, or words the code chooses from what it measured.
+        display: show the value where the cell runs (myst_nb's ``display``).
+        zh: for words, the same words in Chinese, glued as ``name_zh``: the Chinese
+            edition shares the English one's execution (its code cells are the same),
+            so a verdict such as "faster than" is glued in both languages and the
+            Chinese page quotes ``{glue:text}`name_zh```.
+    """
     GLUED[name] = value
+    if zh is not None:
+        GLUED[name + ZH_SUFFIX] = zh
     try:
         from myst_nb import glue as myst_glue
     except ImportError:
         return
     myst_glue(name, value, display=display)
+    if zh is not None:
+        myst_glue(name + ZH_SUFFIX, zh, display=display)
 
 
 def fill(markdown: str) -> str:
