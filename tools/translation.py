@@ -191,11 +191,53 @@ def glossary(path: Path = GLOSSARY) -> list[dict]:
     return yaml.safe_load(path.read_text(encoding="utf-8"))["terms"]
 
 
+_FENCE_LINE = re.compile(r"^[ \t]*(?P<fence>`{3,}|~{3,}|:{3,})(?P<info>.*)$")
+_CODE_DIRECTIVES = ("{code-cell}", "{literalinclude}", "{bibliography}")
+
+
+def _without_code_and_fences(text: str) -> str:
+    """``text`` without code (code cells, fenced code blocks, also inside exercises and
+    solutions), and without the fence and ``:option:`` lines of directives, keeping the
+    prose inside directives (exercise statements, hints, admonitions)."""
+    kept, stack, options = [], [], False
+    for line in text.split("\n"):
+        match = _FENCE_LINE.match(line)
+        in_code = bool(stack) and stack[-1][1]
+        if match:
+            fence, info = match["fence"], match["info"].strip()
+            top = stack[-1][0] if stack else None
+            closes = (
+                top is not None
+                and not info
+                and fence[0] == top[0]
+                and len(fence) >= len(top)
+            )
+            if closes:
+                stack.pop()
+                options = False
+                continue
+            if not in_code:
+                is_code = fence[0] != ":" and (
+                    not info.startswith("{") or info.startswith(_CODE_DIRECTIVES)
+                )
+                stack.append((fence, is_code))
+                options = not is_code
+                continue
+        if in_code:
+            continue
+        if options and re.match(r"^[ \t]*:[\w-]+:", line):
+            continue
+        options = False
+        kept.append(line)
+    return "\n".join(kept)
+
+
 def prose(text: str) -> str:
     """A page's text without front matter, code (cells, blocks, inline: "CODE"), math,
-    roles and link targets: what a glossary term is looked for in."""
+    roles and link targets: what a glossary term is looked for in. The text inside
+    exercises, solutions and admonitions counts; their fence and option lines do not."""
     text = _FRONT.sub("", text)
-    text = _FENCED.sub("", text)
+    text = _without_code_and_fences(text)
     text = re.sub(r"\$\$.*?\$\$|\$[^$\n]+\$", " ", text, flags=re.DOTALL)
     text = _ROLE.sub(" ", text)
     text = re.sub(r"`[^`\n]+`", " CODE ", text)

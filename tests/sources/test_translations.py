@@ -215,5 +215,14 @@ def test_glossary_check_rejects_a_wrong_variant_and_a_missing_term():
     )
     in_code = "Call `beam_search(tokens)`."
     assert translation.glossary_problems(in_code, "调用。", TERMS) == []
+    exercise = "```{exercise} T\n:label: ex-beam\nUse beam search.\n```\n"
+    problems = translation.glossary_problems(
+        exercise, exercise.replace("Use beam search.", "用集束搜索。"), TERMS
+    )
+    assert any("集束搜索" in p for p in problems)  # an exercise's text is checked
+    solution = "````{solution} ex-beam\n```python\nbeam = 1  # beam search\n```\n````\n"
+    assert (
+        translation.glossary_problems(solution, solution, TERMS) == []
+    )  # its code not
     verb = "It patches `pickle.dump` so that tests pass."
     assert translation.glossary_problems(verb, "篡改。", TERMS) == []
