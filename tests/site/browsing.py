@@ -46,6 +46,7 @@ PAGES = toc_pages()
 CHAPTERS = [p for p in PAGES if Path(p).name[:2].isdigit()]
 # the Chinese edition, served under zh/ (tools/build_book.py --edition zh)
 ZH_PAGES = [f"zh/{page}" for page in toc_pages(ROOT / "book" / "zh" / "_toc.yml")]
+ZH_CHAPTERS = [p for p in ZH_PAGES if Path(p).name[:2].isdigit()]
 
 
 def short(page: str) -> str:

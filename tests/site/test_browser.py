@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from browsing import CHAPTERS, PAGES, ZH_PAGES, Visit, short
+from browsing import CHAPTERS, PAGES, ZH_CHAPTERS, ZH_PAGES, Visit, short
 
 pytestmark = pytest.mark.browser
 
@@ -270,7 +270,7 @@ def test_page_loads_cleanly_and_stays_on_this_host(browser, server, name):
     assert not visit.errors, f"console errors: {visit.errors}"
 
 
-@pytest.mark.parametrize("name", CHAPTERS, ids=short)
+@pytest.mark.parametrize("name", [*CHAPTERS, *ZH_CHAPTERS], ids=short)
 def test_every_animation_plays(browser, server, name):
     page = Visit(browser, f"{server}/{name}.html").page
     count = page.locator("input.anim-slider").count()
@@ -280,7 +280,7 @@ def test_every_animation_plays(browser, server, name):
     assert not problems, f"{short(name)}: {problems}"
 
 
-@pytest.mark.parametrize("name", CHAPTERS, ids=short)
+@pytest.mark.parametrize("name", [*CHAPTERS, *ZH_CHAPTERS], ids=short)
 def test_every_interactive_view_responds_to_each_control(browser, server, name):
     page = Visit(browser, f"{server}/{name}.html").page
     count = page.locator("div.tc-interactive").count()
@@ -290,7 +290,7 @@ def test_every_interactive_view_responds_to_each_control(browser, server, name):
     assert not problems, f"{short(name)}: {problems}"
 
 
-@pytest.mark.parametrize("name", CHAPTERS, ids=short)
+@pytest.mark.parametrize("name", [*CHAPTERS, *ZH_CHAPTERS], ids=short)
 def test_every_solution_starts_hidden_and_opens_on_click(browser, server, name):
     page = Visit(browser, f"{server}/{name}.html").page
     count = page.locator("div.solution").count()
@@ -384,7 +384,7 @@ def test_checks_reject_a_broken_page(browser):
     page.close()
 
 
-@pytest.mark.parametrize("name", CHAPTERS, ids=short)
+@pytest.mark.parametrize("name", [*CHAPTERS, *ZH_CHAPTERS], ids=short)
 def test_every_animation_control_shows_an_icon(browser, server, name):
     page = Visit(browser, f"{server}/{name}.html").page
     count = page.locator("div.anim-buttons button").count()

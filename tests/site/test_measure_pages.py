@@ -5,7 +5,7 @@ smallest figure text."""
 from __future__ import annotations
 
 import pytest
-from browsing import CHAPTERS, short
+from browsing import CHAPTERS, ZH_CHAPTERS, short
 from measure_pages import bar_problems, chapter_pages, measure, measure_site, table
 
 pytestmark = pytest.mark.browser
@@ -81,7 +81,7 @@ def test_the_bar_rejects_a_page_that_misses_it(browser):
     assert bar_problems({**m, "min_text_px": None})[-1].startswith("min_text_px None")
 
 
-@pytest.mark.parametrize("name", CHAPTERS, ids=short)
+@pytest.mark.parametrize("name", [*CHAPTERS, *ZH_CHAPTERS], ids=short)
 def test_chapter_reads_as_an_illustrated_page(browser, server, name):
     """Issue 25's bar at 1280 px: visible code at most 20% of the page, figures at
     least 20%, a diagram, two animations, nothing that scrolls sideways, figure text

@@ -16,10 +16,27 @@ pytestmark = pytest.mark.site
 ROOT = Path(__file__).resolve().parents[2]
 CHAPTERS = sorted(re.findall(r"file: book/(\d\d_\w+)", (ROOT / "_toc.yml").read_text()))
 PAGES = ["intro", "references", *CHAPTERS]
+# The Chinese chapters ("zh/01_qkv", in _build/html/zh/) pass the chapter tests too.
+ZH_CHAPTERS = [
+    f"zh/{name}"
+    for name in sorted(
+        re.findall(r"file: (\d\d_\w+)", (ROOT / "book" / "zh" / "_toc.yml").read_text())
+    )
+]
+BOTH = [*CHAPTERS, *ZH_CHAPTERS]
+
+
+def page_path(site: Path, name: str) -> Path:
+    """The built page of "01_qkv" (English, book/) or "zh/01_qkv" (Chinese, zh/)."""
+    return (
+        site / f"{name}.html"
+        if name.startswith("zh/")
+        else site / "book" / f"{name}.html"
+    )
 
 
 def page(site: Path, name: str) -> BeautifulSoup:
-    path = site / "book" / f"{name}.html"
+    path = page_path(site, name)
     assert path.exists(), f"{path} was not built"
     return BeautifulSoup(path.read_text(), "html.parser")
 
@@ -34,14 +51,14 @@ def test_page_is_built_with_a_title(site, name):
     assert soup.find("h1"), f"{name} has no title"
 
 
-@pytest.mark.parametrize("name", CHAPTERS)
+@pytest.mark.parametrize("name", BOTH)
 def test_colab_link_points_at_the_generated_notebook(site, name):
     repo = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
     owner_repo = repo["url"].removeprefix("https://github.com/")
     expected = (
         f"https://colab.research.google.com/github/{owner_repo}/blob/"
         f"{repo['branch']}/notebooks/{name}.ipynb"
-    )
+    )  # a Chinese page opens notebooks/zh/<chapter>.ipynb
     hrefs = [a["href"] for a in page(site, name).find_all("a", href=True)]
     assert expected in hrefs
     assert (ROOT / "notebooks" / f"{name}.ipynb").exists()
@@ -54,7 +71,7 @@ def test_no_launch_link_points_at_markdown(site, name):
             assert not a["href"].endswith(".md"), a["href"]
 
 
-@pytest.mark.parametrize("name", CHAPTERS)
+@pytest.mark.parametrize("name", BOTH)
 def test_no_empty_output_area(site, name):
     for out in outputs(page(site, name)):
         has_media = out.find(["img", "svg", "iframe", "video"]) is not None
@@ -63,19 +80,19 @@ def test_no_empty_output_area(site, name):
         ]
 
 
-@pytest.mark.parametrize("name", CHAPTERS)
+@pytest.mark.parametrize("name", BOTH)
 def test_no_unrendered_widgets(site, name):
-    html = (site / "book" / f"{name}.html").read_text()
+    html = page_path(site, name).read_text()
     assert "application/vnd.jupyter.widget-view+json" not in html, (
         "a live ipywidget reached the static site; use viz.interactive.interactive"
     )
 
 
-@pytest.mark.parametrize("name", CHAPTERS)
+@pytest.mark.parametrize("name", BOTH)
 def test_each_animation_is_one_html_output_without_stray_image(site, name):
     soup = page(site, name)
     animated = [c for c in soup.select("div.cell") if c.select_one("input.anim-slider")]
-    if name == "01_qkv":
+    if name.endswith("01_qkv"):
         assert animated, "chapter 1 must embed its animation"
     for cell in animated:
         outs = cell.select("div.cell_output > div.output")
