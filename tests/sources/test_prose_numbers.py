@@ -94,7 +94,6 @@ ALLOWED: dict[str, str] = {
     "A warmup of 200 here, rather than the paper's 4,000 for 100,000 steps": "the "
     "training cell's warmup, a parameter, and the paper's (Vaswani et al., 5.3, 6.1)",
     "(beam size 4)": "a parameter of the exercise",
-    "twenties from 60 to 99": "a fact about French numerals",
     "is 4 x 20 + 10 + 9": "a fact about French numerals",
     "cross-attention of 97": "the input the exercise asks about",
     # chapter 7
@@ -319,7 +318,6 @@ ALLOWED_OUTCOMES: dict[str, str] = {
     "earlier on a slower": "describes the time guard, not a result",
     "a model that has rarely seen a short target": "describes the data's balance, "
     "which the cell below prints",
-    "the basic numbers twenty times more": "the training stream's recipe, parameters",
     "with a denoising objective did best": "T5's result (Raffel et al. 2020, section "
     "3.2.4, Table 2), not this page's",
     "so the penalty rarely changes which hypothesis wins": "exercise solution, a "
