@@ -80,16 +80,31 @@ CHINESE = "02_scaled_dot_product"
 NOT_ATTEMPTED = {"zh": "尚未作答", "en": "not attempted yet"}
 
 
-def test_a_chinese_notebook_runs_with_chinese_self_checks(sim):
+WRONG_SOFTMAX = """print("WRONG ANSWER")
+def my_softmax(scores, mask=None, dim=-1):
+    e = scores.exp()  # overflows for scores around 1000
+    return e / e.sum(dim=dim, keepdim=True)
+
+check_stable_softmax(my_softmax)"""
+
+
+def test_a_chinese_notebook_runs_with_chinese_self_checks(sim, tmp_path):
     path = ROOT / "notebooks" / "zh" / f"{CHINESE}.ipynb"
     if not path.exists():
         pytest.skip(f"{path.relative_to(ROOT)} is not translated yet")
-    first = nbformat.read(path, as_version=4).cells[0].source
-    assert 'os.environ["TRANSFORMER_COURSE_LANG"] = "zh"' in first
-    result = sim.run(path)
+    nb = nbformat.read(path, as_version=4)
+    assert 'os.environ["TRANSFORMER_COURSE_LANG"] = "zh"' in nb.cells[0].source
+    # a learner's wrong answer at the end: a softmax without the max subtracted
+    nb.cells.append(nbformat.v4.new_code_cell(WRONG_SOFTMAX))
+    learner = tmp_path / path.name
+    nbformat.write(nb, learner)
+    result = sim.run(learner)
     assert result.ok, f"zh/{CHINESE} failed in the Colab simulation:\n{result.error}"
-    assert NOT_ATTEMPTED["zh"] in result.printed, result.printed[-2000:]
-    assert NOT_ATTEMPTED["en"] not in result.printed, result.printed[-2000:]
+    printed = result.printed
+    assert NOT_ATTEMPTED["zh"] in printed, printed[-2000:]
+    assert NOT_ATTEMPTED["en"] not in printed, printed[-2000:]
+    wrong = printed[printed.rindex("WRONG ANSWER") :]
+    assert "提示：" in wrong and "Hint:" not in wrong, wrong
 
 
 def test_an_english_notebook_self_checks_in_english():
