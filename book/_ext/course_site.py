@@ -29,6 +29,7 @@ page (a console error) and names a CDN. Its scripts are dropped from each page.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -115,13 +116,39 @@ def _hidden_cell_toggles(app, pagename, templatename, context, doctree):
         context["body"] = body.replace(_HIDDEN_CELL_TOGGLE, "<summary>")
 
 
+STATIC = Path(__file__).parent / "static"
+
+
 def _templates(app, config):
     config.templates_path.insert(0, str(Path(__file__).parent / "templates"))
-    config.html_static_path.append(str(Path(__file__).parent / "static"))
+    config.html_static_path.append(str(STATIC))
+
+
+def stale_static_copies(static: Path, outdir: Path) -> list[tuple[Path, Path]]:
+    """(source, copy) for each of this extension's static files whose copy in
+    ``outdir/_static`` differs from it. Sphinx 7.4 no longer overwrites an existing
+    static file, and copies none at all when no page is out of date, so an edited
+    ``course.css`` would never reach an already built site."""
+    stale = []
+    for source in static.rglob("*"):
+        copy = outdir / "_static" / source.relative_to(static)
+        if (
+            source.is_file()
+            and copy.is_file()
+            and copy.read_bytes() != source.read_bytes()
+        ):
+            stale.append((source, copy))
+    return stale
+
+
+def _refresh_static(app):
+    for source, copy in stale_static_copies(STATIC, Path(app.outdir)):
+        shutil.copyfile(source, copy)
 
 
 def setup(app):
     app.connect("config-inited", _templates)
+    app.connect("builder-inited", _refresh_static)
     app.connect("html-page-context", _add_link)
     app.connect("html-page-context", _drop_thebe)
     app.connect("html-page-context", _citation_roles)

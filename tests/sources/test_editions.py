@@ -210,3 +210,16 @@ def test_a_chinese_page_includes_the_file_its_english_page_includes():
     assert (
         editions.include_paths_from_the_english_folder(url, english.parent, ROOT) == url
     )
+
+
+def test_an_edited_stylesheet_reaches_an_already_built_site(tmp_path):
+    """Sphinx 7.4 keeps an existing _static file: the stale copy is removed first."""
+    static, out = tmp_path / "static", tmp_path / "html"
+    static.mkdir()
+    (out / "_static").mkdir(parents=True)
+    (static / "course.css").write_text("a { color: #0d5bd1; }")
+    (out / "_static" / "course.css").write_text("a { color: #176de8; }")  # old build
+    (static / "same.css").write_text("b {}")
+    (out / "_static" / "same.css").write_text("b {}")
+    stale = course_site.stale_static_copies(static, out)
+    assert stale == [(static / "course.css", out / "_static" / "course.css")]
