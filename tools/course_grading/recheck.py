@@ -28,6 +28,7 @@ import selectors
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -189,6 +190,13 @@ def describe_process(pid: int) -> str:
         state = stat[stat.rindex(")") + 2 :].split()[0]
     except (OSError, ValueError, IndexError):
         return cmd or f"pid {pid}, which exited before it could be described"
+    # A live process shows no command line for a moment while it starts (between fork
+    # and exec, seen on a loaded 2-core machine): read it again for up to a second.
+    for _ in range(20):
+        if cmd or state == "Z":
+            break
+        time.sleep(0.05)
+        cmd = _cmdline(pid)
     what = f"pid {pid}, {_STATES.get(state, f'state {state}')}"
     return f"{what}: {cmd}" if cmd else f"{what}: {name} (its command line is gone)"
 
