@@ -44,7 +44,6 @@ _OPENING = re.compile(
     r"^\s*(?P<fence>`{3,}|:{3,})\{(?P<name>[\w:-]+)\}[ \t]*(?P<arg>.*)$"
 )
 _ROLE = re.compile(r"\{(?P<role>[\w:-]+)\}`(?P<text>[^`]*)`")
-_FENCED = re.compile(r"^(`{3,}|~{3,}).*?^\1[ \t]*$", re.MULTILINE | re.DOTALL)
 _TARGET = re.compile(r"^\((?P<label>[\w:.-]+)\)=[ \t]*$", re.MULTILINE)
 REF_ROLES = ("ref", "numref", "doc", "eq", "term", "prf:ref")
 KEEP_ARGUMENT = (
@@ -150,7 +149,7 @@ def directives(text: str) -> list[tuple[str, str, str, str]]:
 
 def heading_levels(text: str) -> list[int]:
     """The level of every heading outside code, in order: the page's outline."""
-    text = _FENCED.sub("", _FRONT.sub("", text))
+    text = _without_code_and_fences(_FRONT.sub("", text))
     return [len(m) for m in re.findall(r"^(#{1,6})\s", text, flags=re.MULTILINE)]
 
 
