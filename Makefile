@@ -71,12 +71,13 @@ browser-deps:
 sandbox-deps:
 	@bash tools/ensure_sandbox.sh
 
-# One process: the grading and Colab-simulation tests share machine-wide state (one cached
-# Colab venv; the temporary folders and stray processes the grading tests look for), which
-# two xdist workers running them side by side broke (see the issue notes).
+# Every core: the grading and Colab-simulation tests share machine-wide state (one cached
+# Colab venv; the temporary folders and stray processes the grading tests look for), so
+# they are one xdist group (tests/conftest.py MACHINE_WIDE), run on one worker one after
+# another, handed out first as the largest; the other workers run everything else.
 test: browser-deps sandbox-deps book
 	@start=$$(date +%s); \
-	$(PY) -m pytest --durations=25; \
+	$(PY) -m pytest $(XDIST) --durations=25; \
 	rc=$$?; echo "make test (pytest, after the book build): $$(( $$(date +%s) - start )) s"; \
 	exit $$rc
 

@@ -29,10 +29,37 @@ HTML = ROOT / "_build" / "html"
 #              simulation, scripts
 #   site       the built book in _build/html, and a real browser on it
 TIERS = ("lib", "exercises", "sources", "slow", "site")
-# The grading and Colab tests are marked ``xdist_group`` ("grading", "colab"): their
-# fixtures build one environment per session, so each group runs on one xdist worker
-# (make test runs pytest with -n and --dist loadgroup, which starts the largest groups
-# first, on different workers).
+# The grading and Colab-simulation tests share machine-wide state (one cached Colab
+# environment that each notebook restores and installs into; the stray processes and
+# temporary folders the grading tests look for): under pytest-xdist (make test runs
+# pytest with -n auto --dist loadgroup) both modules are one work unit, MACHINE_WIDE, that
+# one worker runs one after another while the other workers run the rest, one test at a
+# time; being the largest unit, it is handed out first. The grouping is by module path
+# (MachineWideScheduling below), not by ``xdist_group`` marks: pytest-xdist 3.8 marks a
+# group by renaming ``item._nodeid``, which pytest 9 no longer reads, so marked tests
+# spread over every worker (they did, and broke each other, in session 33).
+MACHINE_WIDE = "machine-wide"
+MACHINE_WIDE_MODULES = ("tests/slow/test_colab.py", "tests/slow/test_grading.py")
+
+
+def work_unit(nodeid: str) -> str:
+    """The xdist work unit of a test: MACHINE_WIDE for the modules that share machine-wide
+    state, else the test itself."""
+    return MACHINE_WIDE if nodeid.split("::")[0] in MACHINE_WIDE_MODULES else nodeid
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` groups by work_unit (see MACHINE_WIDE)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class MachineWideScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return MachineWideScheduling(config, log)
 
 # Under pytest-xdist the workers share the cores: one torch thread each (and in the
 # kernels and scripts they start, through the environment), instead of every worker

@@ -1,7 +1,8 @@
 """Learners in Colab, simulated (tools/colab_sim.py): each chapter's generated notebook,
 alone in an empty folder outside the repository, runs top to bottom in a fresh
 environment with only what Colab preinstalls (torch, numpy, matplotlib, seaborn,
-ipywidgets) plus what its own first cell installs from a snapshot of this repository.
+ipywidgets, scikit-learn, transformers, ...: colab_sim.PREINSTALLED) plus what its own
+first cell installs from a snapshot of this repository.
 
 Slow (minutes a chapter on 2 CPU cores): marked ``colab``; the variable
 TRANSFORMER_COURSE_COLAB_CHAPTERS (comma-separated) limits it to some chapters. The
@@ -25,8 +26,10 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import colab_sim
 
-# One xdist worker runs them all: the simulation builds its environment once a session.
-pytestmark = [pytest.mark.colab, pytest.mark.xdist_group("colab")]
+# Under xdist one worker runs these and the grading tests, one after another
+# (tests/conftest.py MACHINE_WIDE): the simulation builds its environment once a session
+# and every notebook restores and installs into that one environment.
+pytestmark = pytest.mark.colab
 
 CHAPTERS = [
     c for c in colab_sim.toc_chapters() if (ROOT / "notebooks" / f"{c}.ipynb").exists()

@@ -76,3 +76,36 @@ def test_a_file_not_named_for_a_module_is_rejected(name):
 @pytest.mark.parametrize("name", ["test_checks_efficient.py", "test_checks_ch99.py"])
 def test_an_exercise_file_not_named_for_a_chapter_is_rejected(name):
     assert exercise_file_problem(name, CHAPTERS) is not None
+
+
+
+# Under xdist the Colab simulation and the grading tests are one work unit, run on one
+# worker one after another (tests/conftest.py MACHINE_WIDE, MachineWideScheduling). An
+# ``xdist_group`` mark would not group anything (pytest-xdist 3.8 under pytest 9), so none
+# may stand in for it.
+_GROUP_MARK = re.compile(r"xdist_group\(")
+
+
+def test_the_machine_wide_modules_are_one_work_unit_and_nothing_else_is():
+    import conftest  # tests/conftest.py (the rootdir's conftest, on pytest's path)
+
+    for module in conftest.MACHINE_WIDE_MODULES:
+        assert (ROOT / module).is_file(), module
+        assert conftest.work_unit(f"{module}::test_x[01_qkv]") == conftest.MACHINE_WIDE
+    for nodeid in (
+        "tests/site/test_site.py::test_links[01_qkv]",
+        "tests/slow/test_scripts.py::test_x",
+        "tests/slow/test_colab.py.bak::test_x",  # a name that only starts like one
+    ):
+        assert conftest.work_unit(nodeid) == nodeid  # known wrong: not grouped
+
+
+def test_no_test_relies_on_an_xdist_group_mark():
+    marked = sorted(
+        path.relative_to(TESTS).as_posix()
+        for path in TESTS.rglob("*.py")
+        if path != Path(__file__).resolve()
+        and _GROUP_MARK.search(path.read_text(encoding="utf-8"))
+    )
+    assert marked == [], f"xdist_group marks group nothing under pytest 9: {marked}"
+    assert _GROUP_MARK.search('pytestmark = pytest.mark.xdist_group("colab")')
