@@ -61,6 +61,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     return MachineWideScheduling(config, log)
 
+
 # Under pytest-xdist the workers share the cores: one torch thread each (and in the
 # kernels and scripts they start, through the environment), instead of every worker
 # starting as many threads as there are cores.

@@ -55,10 +55,10 @@ PACKAGE = "transformer_course"
 # Colab lacks (the package itself, sacrebleu, num2words, gguf, the MiniLM checkpoint):
 # chapter 2's install cell took 71 s with these installed by it, 17 s without.
 PREINSTALLED = [
-    *("torch", "numpy", "matplotlib", "seaborn", "ipywidgets", "ipykernel"),
-    *("scikit-learn", "scipy", "tqdm", "babel", "graphviz", "tokenizers", "safetensors"),
-    *("transformers", "sentence-transformers", "huggingface_hub", "lxml", "regex"),
-    *("tabulate", "pyyaml", "requests"),
+    *["torch", "numpy", "matplotlib", "seaborn", "ipywidgets", "ipykernel"],
+    *["scikit-learn", "scipy", "tqdm", "babel", "graphviz", "tokenizers"],
+    *["safetensors", "transformers", "sentence-transformers", "huggingface_hub"],
+    *["lxml", "regex", "tabulate", "pyyaml", "requests"],
 ]
 KERNEL = "colab-sim"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colours in IPython tracebacks

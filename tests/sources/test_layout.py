@@ -78,7 +78,6 @@ def test_an_exercise_file_not_named_for_a_chapter_is_rejected(name):
     assert exercise_file_problem(name, CHAPTERS) is not None
 
 
-
 # Under xdist the Colab simulation and the grading tests are one work unit, run on one
 # worker one after another (tests/conftest.py MACHINE_WIDE, MachineWideScheduling). An
 # ``xdist_group`` mark would not group anything (pytest-xdist 3.8 under pytest 9), so none
