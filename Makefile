@@ -71,14 +71,17 @@ browser-deps:
 sandbox-deps:
 	@bash tools/ensure_sandbox.sh
 
-# Every core: the grading and Colab-simulation tests share machine-wide state (one cached
-# Colab venv; the temporary folders and stray processes the grading tests look for), so
-# they are one xdist group (tests/conftest.py MACHINE_WIDE), run on one worker one after
-# another, handed out first as the largest; the other workers run everything else.
-test: browser-deps sandbox-deps book
+# Every test, in two timed runs: the fast tier first (test-fast, before the book build, so
+# that a broken function shows within two minutes), then the sources, slow and site tiers
+# after the build, on every core. The Colab-simulation tests (one cached Colab venv) and
+# the grading tests (one graded run; checks for the stray processes and temporary folders
+# it leaves) are one xdist work unit each (tests/conftest.py GROUPS), run test after test
+# on one worker and handed out first; every other test is a unit of its own.
+test: browser-deps sandbox-deps test-fast book
 	@start=$$(date +%s); \
-	$(PY) -m pytest $(XDIST) --durations=25; \
-	rc=$$?; echo "make test (pytest, after the book build): $$(( $$(date +%s) - start )) s"; \
+	$(PY) -m pytest tests/sources tests/slow tests/site $(XDIST) --durations=25; \
+	rc=$$?; echo "make test (sources, slow and site tiers, after the book build):" \
+		"$$(( $$(date +%s) - start )) s"; \
 	exit $$rc
 
 lint: $(STAMP)

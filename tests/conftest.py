@@ -29,37 +29,36 @@ HTML = ROOT / "_build" / "html"
 #              simulation, scripts
 #   site       the built book in _build/html, and a real browser on it
 TIERS = ("lib", "exercises", "sources", "slow", "site")
-# The grading and Colab-simulation tests share machine-wide state (one cached Colab
-# environment that each notebook restores and installs into; the stray processes and
-# temporary folders the grading tests look for): under pytest-xdist (make test runs
-# pytest with -n auto --dist loadgroup) both modules are one work unit, MACHINE_WIDE, that
-# one worker runs one after another while the other workers run the rest, one test at a
-# time; being the largest unit, it is handed out first. The grouping is by module path
-# (MachineWideScheduling below), not by ``xdist_group`` marks: pytest-xdist 3.8 marks a
-# group by renaming ``item._nodeid``, which pytest 9 no longer reads, so marked tests
-# spread over every worker (they did, and broke each other, in session 33).
-MACHINE_WIDE = "machine-wide"
-MACHINE_WIDE_MODULES = ("tests/slow/test_colab.py", "tests/slow/test_grading.py")
+# Two modules keep state that two of their tests must not touch at once: the Colab
+# simulation (one cached environment that each notebook restores and installs into) and
+# the grading tests (a session fixture that grades once; checks for the stray processes
+# and temporary folders a grading run leaves). Under pytest-xdist (make test runs pytest
+# with -n auto --dist loadgroup) each of them is one work unit, GROUPS, that one worker
+# runs test after test; the two units, the largest, are handed out first, to different
+# workers, and every other test is a unit of its own. The grouping is by module path
+# (GroupScheduling below), not by ``xdist_group`` marks: pytest-xdist 3.8 marks a group
+# by renaming ``item._nodeid``, which pytest 9 no longer reads, so marked tests spread
+# over every worker (they did, and broke each other, in session 33).
+GROUPS = {"tests/slow/test_colab.py": "colab", "tests/slow/test_grading.py": "grading"}
 
 
 def work_unit(nodeid: str) -> str:
-    """The xdist work unit of a test: MACHINE_WIDE for the modules that share machine-wide
-    state, else the test itself."""
-    return MACHINE_WIDE if nodeid.split("::")[0] in MACHINE_WIDE_MODULES else nodeid
+    """The xdist work unit of a test: its module's name in GROUPS, else the test itself."""
+    return GROUPS.get(nodeid.split("::")[0], nodeid)
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadgroup`` groups by work_unit (see MACHINE_WIDE)."""
+    """``--dist loadgroup`` groups by work_unit (see GROUPS)."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling
 
-    class MachineWideScheduling(LoadGroupScheduling):
+    class GroupScheduling(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
 
-    return MachineWideScheduling(config, log)
+    return GroupScheduling(config, log)
 
 
 # Under pytest-xdist the workers share the cores: one torch thread each (and in the

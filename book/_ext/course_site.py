@@ -24,7 +24,10 @@ page (a console error) and names a CDN. Its scripts are dropped from each page.
      label-content-name-mismatch); the label goes, so the visible text names it.
 
 4. The book's style sheet, ``static/course.css`` (code and output sized so that an
-   80-character line fits the column).
+   80-character line fits the column), and ``static/course.js``, which asks the theme to
+   mark scrollable blocks again once the fonts and MathJax are done (a block that only
+   scrolls after a late font keeps no tab stop otherwise: axe's
+   scrollable-region-focusable, seen on the Chinese pages of a loaded machine).
 """
 
 from __future__ import annotations
@@ -153,5 +156,6 @@ def setup(app):
     app.connect("html-page-context", _drop_thebe)
     app.connect("html-page-context", _citation_roles)
     app.add_css_file("course.css")
+    app.add_js_file("course.js")  # keyboard access to late scrollable blocks
     app.connect("html-page-context", _hidden_cell_toggles)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -27,6 +27,14 @@ def axe_violations(page) -> list[dict]:
     """Run axe-core on the open page; return its violations (every impact)."""
     if not AXE.exists():
         pytest.fail(f"{AXE} is missing: run `npm ci` (make book does)")
+    # the page's final layout: fonts loaded, MathJax done, and the theme's and
+    # course.js's passes over scrollable blocks (debounced 300 ms) run
+    page.evaluate(
+        "async () => { await document.fonts.ready;"
+        " const s = window.MathJax && window.MathJax.startup;"
+        " if (s && s.promise) await s.promise;"
+        " await new Promise(r => setTimeout(r, 500)); }"
+    )
     page.add_script_tag(content=AXE.read_text())
     result = page.evaluate(
         "async () => await axe.run(document, {resultTypes: ['violations']})"

@@ -26,9 +26,9 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import colab_sim
 
-# Under xdist one worker runs these and the grading tests, one after another
-# (tests/conftest.py MACHINE_WIDE): the simulation builds its environment once a session
-# and every notebook restores and installs into that one environment.
+# Under xdist one worker runs all of these, one after another (tests/conftest.py GROUPS):
+# the simulation builds its environment once a session and every notebook restores and
+# installs into that one environment.
 pytestmark = pytest.mark.colab
 
 CHAPTERS = [

@@ -32,9 +32,9 @@ import pytest
 from course_grading import assign as assignments
 from course_grading.sandbox import bwrap_problem
 
-# Under xdist one worker runs these and the Colab simulation, one after another
-# (tests/conftest.py MACHINE_WIDE): the session fixture builds and grades once, and the
-# checks for stray processes and temporary folders must not see another test's.
+# Under xdist one worker runs all of these, one after another (tests/conftest.py GROUPS):
+# the session fixture builds and grades once, and the checks for stray processes and
+# temporary folders must not see another grading test's.
 
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ROOT / "src" / "transformer_course"

@@ -78,19 +78,20 @@ def test_an_exercise_file_not_named_for_a_chapter_is_rejected(name):
     assert exercise_file_problem(name, CHAPTERS) is not None
 
 
-# Under xdist the Colab simulation and the grading tests are one work unit, run on one
-# worker one after another (tests/conftest.py MACHINE_WIDE, MachineWideScheduling). An
+# Under xdist the Colab simulation is one work unit and the grading tests another, each
+# run on one worker test after test (tests/conftest.py GROUPS, GroupScheduling). An
 # ``xdist_group`` mark would not group anything (pytest-xdist 3.8 under pytest 9), so none
 # may stand in for it.
 _GROUP_MARK = re.compile(r"xdist_group\(")
 
 
-def test_the_machine_wide_modules_are_one_work_unit_and_nothing_else_is():
+def test_the_grouped_modules_are_one_work_unit_each_and_nothing_else_is():
     import conftest  # tests/conftest.py (the rootdir's conftest, on pytest's path)
 
-    for module in conftest.MACHINE_WIDE_MODULES:
+    assert sorted(conftest.GROUPS.values()) == ["colab", "grading"]
+    for module, group in conftest.GROUPS.items():
         assert (ROOT / module).is_file(), module
-        assert conftest.work_unit(f"{module}::test_x[01_qkv]") == conftest.MACHINE_WIDE
+        assert conftest.work_unit(f"{module}::test_x[01_qkv]") == group
     for nodeid in (
         "tests/site/test_site.py::test_links[01_qkv]",
         "tests/slow/test_scripts.py::test_x",
