@@ -134,12 +134,15 @@ def qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
 
 
 def _broadcasts_to_scores(name: str, x: Tensor, scores_shape, examples: str) -> None:
-    """``x`` broadcasts to the scores (..., T, S) without growing them."""
-    try:
-        ok = torch.broadcast_shapes(x.shape, scores_shape) == tuple(scores_shape)
-    except RuntimeError:
-        ok = False
-    if x.dim() > len(scores_shape) or not ok:
+    """``x`` broadcasts to the scores (..., T, S) without growing them: each of its
+    sizes, aligned from the right, is 1 or the scores' size (plain Python on the
+    shapes, as it runs in every attention call)."""
+    n = x.dim()
+    ok = n <= len(scores_shape) and all(
+        a in (1, b)
+        for a, b in zip(x.shape, tuple(scores_shape)[len(scores_shape) - n :])
+    )
+    if not ok:
         raise ValueError(
             f"{name}: expected a shape that broadcasts to the scores (..., T, S) = "
             f"{tuple(scores_shape)}, e.g. {examples}; got {tuple(x.shape)}"

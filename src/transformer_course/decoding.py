@@ -278,8 +278,9 @@ def generate(
     caches = new_caches(model, capacity, cache=cache) if use_cache else None
     step_in = ids  # the whole prompts first, then (with a cache) one token a step
     for _ in range(max_new_tokens):
-        logits = model(step_in, attention_mask=attention_mask, caches=caches)[:, -1]
-        logits = logits.float()  # (B, V)
+        logits = model(
+            step_in, attention_mask=attention_mask, caches=caches, logits_to_keep=1
+        )[:, -1].float()  # (B, V): only the last position predicts the next token
         if temperature == 0:
             nxt = logits.argmax(-1)  # (B,)
         else:

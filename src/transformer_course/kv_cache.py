@@ -116,12 +116,12 @@ class KVCache:
 
     def _fits(self, k: Tensor, v: Tensor) -> bool:
         """Whether the allocated buffer can take k and v (B, H, d, dtype, device)."""
-        return all(
-            x.shape[:2] == buf.shape[:2]
-            and x.shape[3] == buf.shape[3]
-            and x.dtype == buf.dtype
-            and x.device == buf.device
-            for x, buf in ((k, self._k), (v, self._v))
+        bk, bv = self._k, self._v  # (B, H, C, d_k), (B, H, C, d_v)
+        return (
+            k.shape[:2] == bk.shape[:2]  # v's (B, H) equal k's (``_check``)
+            and (k.shape[3], v.shape[3]) == (bk.shape[3], bv.shape[3])
+            and (k.dtype, v.dtype) == (bk.dtype, bv.dtype)
+            and (k.device, v.device) == (bk.device, bv.device)
         )
 
     def _enlarge(self, end: int) -> None:

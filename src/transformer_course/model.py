@@ -302,8 +302,11 @@ class DecoderOnlyLM(nn.Module):
     is a Llama-family model, equal to Hugging Face's ``LlamaForCausalLM`` with the same
     weights (``interop.load_hf_llama``).
 
-    ``forward(ids, *, attention_mask=None, caches=None)``: ids (B, T) -> logits
-    (B, T, V); position t predicts token t + 1. With ``caches`` (one ``KVCache`` per
+    ``forward(ids, *, attention_mask=None, caches=None, logits_to_keep=None)``: ids
+    (B, T) -> logits (B, T, V); position t predicts token t + 1. ``logits_to_keep=n``
+    (Hugging Face's name) projects only the last n positions, (B, n, V): generation
+    needs the last one only, and the projection to a 49k vocabulary is the largest
+    matrix of a small LLM. With ``caches`` (one ``KVCache`` per
     layer, ``decoding.new_caches``) ``ids`` holds only the new tokens, placed after the
     S_past cached ones. ``attention_mask`` bool (B, S_past + T) over all tokens so far,
     True = real token: padded keys are hidden and positions count real tokens only, so
@@ -311,8 +314,8 @@ class DecoderOnlyLM(nn.Module):
     meaningless), with every ``positional`` kind.
 
     Raises: as ``Transformer``, plus an ``attention_mask`` that is not bool
-    (B, S_past + T). Source: Radford et al. 2018/2019 (GPT, GPT-2); Touvron et al.
-    2023 (LLaMA).
+    (B, S_past + T), a ``logits_to_keep`` that is not an int >= 1. Source: Radford et
+    al. 2018/2019 (GPT, GPT-2); Touvron et al. 2023 (LLaMA).
     """
 
     def __init__(self, cfg: TransformerConfig):
@@ -325,12 +328,18 @@ class DecoderOnlyLM(nn.Module):
         if cfg.tie_embeddings:
             self.out.weight = self.embed.tokens.weight
 
-    def forward(self, ids: Tensor, *, attention_mask=None, caches=None) -> Tensor:
+    def forward(
+        self, ids: Tensor, *, attention_mask=None, caches=None, logits_to_keep=None
+    ) -> Tensor:
         past = _past_length(caches, len(self.layers))
         cfg = self.cfg
         _validation.token_ids("ids", ids, cfg.tgt_vocab_size, cfg.max_len, past)
+        if logits_to_keep is not None:
+            _validation.positive_int("logits_to_keep", logits_to_keep)
         B, T = ids.shape
-        mask = causal_mask(T, past + T, device=ids.device)  # (T, S)
+        mask = None  # one new token (T = 1) may see every key: causal_mask is all True
+        if T > 1:
+            mask = causal_mask(T, past + T, device=ids.device)  # (T, S)
         if attention_mask is not None:
             _validation.keep_mask("attention_mask", attention_mask, (B, past + T))
             mask = combine_masks(mask, attention_mask[:, None, None, :])  # (B, 1, T, S)
@@ -341,7 +350,9 @@ class DecoderOnlyLM(nn.Module):
         for i, layer in enumerate(self.layers):
             cache = None if caches is None else caches[i]
             x = layer(x, mask, bias=bias, positions=positions, cache=cache)
-        return self.out(self.norm(x))  # (B, T, V)
+        if logits_to_keep is not None:
+            x = x[:, -logits_to_keep:]  # (B, n, D): the last n positions only
+        return self.out(self.norm(x))  # (B, T, V) or (B, n, V)
 
 
 def make_model(cfg: TransformerConfig) -> Transformer:

@@ -289,13 +289,39 @@ def apply_rotary(
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
     _validation.positions(positions, x.shape[-2], allow_negative=True)
     d = x.shape[-1]
-    work = torch.float64 if x.dtype == torch.float64 else torch.float32
+    work = _work_dtype(x)
     inv = _inv_freq(d // 2, d, base, x.device).to(work)  # (d/2,)
     angles = positions.to(work)[..., None] * inv  # (T, d/2) or (B, T, d/2)
-    if positions.dim() == 2 and x.dim() == 4:
-        angles = angles[:, None]  # (B, 1, T, d/2): same positions for every head
-    cos, sin = torch.cos(angles), torch.sin(angles)
-    return _rotate(x.to(work), cos, sin, layout).to(x.dtype)
+    return _rotate_at(x, torch.cos(angles), torch.sin(angles), layout)
+
+
+def _work_dtype(x: Tensor) -> torch.dtype:
+    """The dtype the rotation is computed in: float64 for float64, else float32."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _rotate_at(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
+    """``_rotate`` in the working dtype for cos/sin (T, d/2) or (B, T, d/2), cast back."""
+    if cos.dim() == 3 and x.dim() == 4:
+        cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d/2): every head alike
+    return _rotate(x.to(cos.dtype), cos, sin, layout).to(x.dtype)
+
+
+def _rotate_complex(x: Tensor, cis: Tensor) -> Tensor:
+    """The "interleaved" rotation with complex numbers: pair (x_2i, x_2i+1) is
+    z_i = x_2i + i x_2i+1, and z_i e^{i pos theta_i} (``cis``, complex64 (T, d/2) or
+    (B, T, d/2)) is the rotated pair, as in Meta's LLaMA code (``freqs_cis``). The
+    same products and sums as ``_rotate`` in one kernel instead of six; equal to it up
+    to float32 rounding (the vectorised complex product may fuse a multiply and an
+    add), bit for bit at SmolLM2's head size.
+    """
+    if cis.dim() == 3 and x.dim() == 4:
+        cis = cis[:, None]  # (B, 1, T, d/2): every head alike
+    work = x.to(torch.float32)
+    if work.stride(-1) != 1 or any(st % 2 for st in work.stride()[:-1]):
+        work = work.contiguous()  # view_as_complex reads (real, imag) side by side
+    z = torch.view_as_complex(work.unflatten(-1, (-1, 2)))  # (..., T, d/2)
+    return torch.view_as_real(z * cis).flatten(-2).to(x.dtype)  # (..., T, d)
 
 
 class RotaryEmbedding(nn.Module):
@@ -308,9 +334,19 @@ class RotaryEmbedding(nn.Module):
     ``forward(q, k, positions_q=None, positions_k=None)`` rotates queries (..., T, d)
     and keys (..., S, d); positions default to ``0..T-1`` / ``0..S-1``, except that
     with fewer queries than keys and no query positions the queries are taken to be
-    the *last* T positions (decoding with a KV cache). Returns ``(q_rot, k_rot)``.
+    the *last* T positions (decoding with a KV cache). Returns ``(q_rot, k_rot)``,
+    equal to ``apply_rotary`` of each.
 
-    Source: Su et al. 2021, section 3.2.
+    The angles pos * theta_i do not depend on the layer or the step, so the module
+    keeps a table of their cos and sin for positions 0..n-1 (float32, computed as
+    ``apply_rotary`` computes them, doubled in length when a larger position comes)
+    and a forward only looks rows up; one table serves every layer that shares the
+    module (``model._layers`` builds one per model). The "interleaved" layout rotates
+    its pairs as complex numbers (``_rotate_complex``, equal up to float32 rounding).
+    Float64 inputs and negative positions are rotated by ``apply_rotary`` itself.
+
+    Source: Su et al. 2021, section 3.2; the cos/sin cache as in Hugging Face's
+    ``LlamaRotaryEmbedding`` and GPT-NeoX.
     """
 
     def __init__(self, d_k: int, *, base: float = 10000.0, layout: str = "half"):
@@ -321,6 +357,9 @@ class RotaryEmbedding(nn.Module):
         if layout not in LAYOUTS:
             raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
         self.d_k, self.base, self.layout = d_k, base, layout
+        self._cos: Tensor | None = None  # (n, d/2) float32, row p = cos(p * theta)
+        self._sin: Tensor | None = None  # (n, d/2)
+        self._last = None  # (positions, its version, their cos/sin rows or None)
 
     def forward(
         self,
@@ -336,8 +375,57 @@ class RotaryEmbedding(nn.Module):
             positions_q = torch.arange(
                 max(s - t, 0), max(s - t, 0) + t, device=q.device
             )
+        return self._rotate(q, positions_q), self._rotate(k, positions_k)
+
+    def _rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        """``apply_rotary(x, positions)`` with the cos/sin rows of the table."""
         rot = {"layout": self.layout, "base": self.base}
-        return apply_rotary(q, positions_q, **rot), apply_rotary(k, positions_k, **rot)
+        if not isinstance(x, Tensor) or _work_dtype(x) != torch.float32:
+            return apply_rotary(x, positions, **rot)  # float64, or the error
+        _validation.positions(positions, x.shape[-2], allow_negative=True)
+        if x.shape[-1] != self.d_k:
+            raise ValueError(
+                f"x: expected shape (..., T, d) with d = d_k = {self.d_k}, "
+                f"got {tuple(x.shape)}"
+            )
+        rows = self._rows(positions, x.device)
+        if rows is None:  # a negative position
+            return apply_rotary(x, positions, **rot)
+        if self.layout == "interleaved":
+            return _rotate_complex(x, rows)
+        return _rotate_at(x, *rows, self.layout)
+
+    def _rows(self, positions: Tensor, device):
+        """The table's rows at ``positions``: (cos, sin), each (T, d/2) or (B, T, d/2),
+        for "half"; cos + i sin (complex64) for "interleaved"; None if a position < 0.
+
+        A model passes one positions tensor to the queries and keys of all its layers
+        in a forward, so the rows of the last positions are kept and reused while the
+        same tensor (same object, not changed in place since) comes again."""
+        version = None if positions.is_inference() else positions._version
+        last = self._last
+        if last is not None and last[0] is positions and last[1] == version:
+            return last[2]
+        low, high = (int(p) for p in torch.aminmax(positions))
+        rows = None
+        if low >= 0:
+            cos, sin = self._table(high + 1, device)  # (n, d/2) each
+            rows = cos[positions], sin[positions]
+            if self.layout == "interleaved":
+                rows = torch.complex(*rows)  # e^{i pos theta}
+        if version is not None:  # inference tensors have no version to check
+            self._last = (positions, version, rows)
+        return rows
+
+    def _table(self, n: int, device) -> tuple[Tensor, Tensor]:
+        """The cos and sin tables, with at least n rows, on ``device``."""
+        if self._cos is None or self._cos.shape[0] < n or self._cos.device != device:
+            size = max(n, 2 * self._cos.shape[0] if self._cos is not None else 64)
+            inv = _inv_freq(self.d_k // 2, self.d_k, self.base, device)
+            pos = torch.arange(size, device=device).to(torch.float32)
+            angles = pos[:, None] * inv.to(torch.float32)  # (size, d/2)
+            self._cos, self._sin = torch.cos(angles), torch.sin(angles)
+        return self._cos, self._sin
 
     def extra_repr(self) -> str:
         return f"d_k={self.d_k}, base={self.base}, layout={self.layout!r}"

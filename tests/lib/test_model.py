@@ -113,6 +113,17 @@ def test_decoder_only_lm_is_causal(tiny_config):
     assert (a[:, 3:] - b[:, 3:]).abs().max() > 1e-4  # the check can see a change
 
 
+def test_logits_to_keep_projects_only_the_last_positions(tiny_config):
+    lm = DecoderOnlyLM(tiny_config()).eval()
+    ids = torch.tensor([[4, 5, 6, 7, 8], [9, 4, 5, 6, 7]])
+    full = lm(ids)  # (B, T, V)
+    assert lm(ids, logits_to_keep=2).shape == (2, 2, full.shape[-1])
+    torch.testing.assert_close(lm(ids, logits_to_keep=1), full[:, -1:])
+    torch.testing.assert_close(lm(ids, logits_to_keep=2), full[:, -2:])
+    with pytest.raises(ValueError, match="logits_to_keep"):
+        lm(ids, logits_to_keep=0)
+
+
 def test_cross_and_self_attention_weights_are_kept(tiny_config):
     model = make_model(tiny_config()).eval()
     model(torch.tensor([[5, 6, 7, 0]]), torch.tensor([[1, 8, 9]]))

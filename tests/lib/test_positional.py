@@ -199,6 +199,28 @@ def test_rotary_module_aligns_queries_to_last_keys():
     torch.testing.assert_close(k_rot, apply_rotary(k, torch.arange(5)))
 
 
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_rotary_module_table_equals_apply_rotary(layout):
+    """The module's cos/sin table gives apply_rotary's numbers (the interleaved
+    complex product up to float32 rounding), also after the table grows, for batched
+    positions, a head view, in-place changed positions and float64."""
+    rope = RotaryEmbedding(8, base=500.0, layout=layout)
+    rot = {"layout": layout, "base": 500.0}
+    same = torch.equal if layout == "half" else torch.allclose  # rtol 1e-5
+    x = torch.randn(2, 3, 5, 8).transpose(1, 2)  # (B, H, T, d), as split_heads gives
+    for pos in (torch.arange(3), torch.tensor([[0, 1, 2], [100, 200, 300]])):
+        q_rot, k_rot = rope(x, x, pos, pos)
+        assert same(q_rot, apply_rotary(x, pos, **rot))
+        assert same(k_rot, apply_rotary(x, pos, **rot))
+    pos.add_(1)  # changed in place: the kept rows must not be reused
+    assert same(rope(x, x, pos, pos)[0], apply_rotary(x, pos, **rot))
+    wide = x.double()
+    assert torch.equal(rope(wide, wide)[0], apply_rotary(wide, torch.arange(3), **rot))
+    back = torch.tensor([-2, -1, 0])  # negative positions rotate backwards
+    assert torch.equal(rope(x, x, back, back)[0], apply_rotary(x, back, **rot))
+    assert not torch.equal(rope(x, x, back, back)[0], x)  # the check can fail
+
+
 def test_rotary_half_precision_keeps_dtype():
     x = torch.randn(2, 6, 8)
     out = apply_rotary(x.to(torch.bfloat16), torch.arange(6))
