@@ -225,20 +225,22 @@ def kernel_env(venv: Path, home: Path, repo_snapshot: Path) -> dict[str, str]:
     return env
 
 
-_CLIENT = None  # the kernel client class below, made on first use
+_MANAGER = None  # the kernel manager class below, made on first use
 
 
-def _client_class():
-    """A kernel client whose zmq context is one shared by every notebook this process
-    runs and never terminated. jupyter_client's own client terminates the context it
-    made when its channels stop, and that ``Context.term()`` now and then waits forever
-    (jupyter/jupyter_client#771: "occasional client hangs on shutdown"; seen here, a
+def _manager_class():
+    """A kernel manager whose clients share one zmq context, made once in this process
+    and never terminated. jupyter_client's own client terminates the context it made
+    when its channels stop, and that ``Context.term()`` now and then waits forever
+    (jupyter/jupyter_client#771, "occasional client hangs on shutdown"; seen here: a
     run of chapter 3 stuck 15 minutes in nbclient's clean-up after its last cell). The
-    channels still close their sockets (linger 0) when they stop."""
-    global _CLIENT
-    if _CLIENT is None:
+    channels still close their sockets (linger 0) when they stop. nbclient makes the
+    manager from this class, so it still shuts the kernel down after the notebook."""
+    global _MANAGER
+    if _MANAGER is None:
         import zmq.asyncio
         from jupyter_client.asynchronous.client import AsyncKernelClient
+        from jupyter_client.manager import AsyncKernelManager
         from traitlets import default
 
         shared = zmq.asyncio.Context()
@@ -248,8 +250,13 @@ def _client_class():
             def _shared_context(self):
                 return shared  # _created_context stays False: stop_channels keeps it
 
-        _CLIENT = SharedContextClient
-    return _CLIENT
+        class SharedContextManager(AsyncKernelManager):
+            @default("client_factory")
+            def _shared_context_client(self):
+                return SharedContextClient
+
+        _MANAGER = SharedContextManager
+    return _MANAGER
 
 
 def run_notebook(
@@ -257,7 +264,6 @@ def run_notebook(
 ) -> Result:
     """Execute ``notebook`` alone in an empty temporary folder with the kernel of
     ``venv`` (restored to its base state first)."""
-    from jupyter_client.manager import AsyncKernelManager
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
@@ -287,11 +293,9 @@ def run_notebook(
         nb = nbformat.read(target, as_version=4)
         old_path = os.environ.get("JUPYTER_PATH")
         os.environ["JUPYTER_PATH"] = str(tmp / "jupyter")
-        manager = AsyncKernelManager(kernel_name=KERNEL)
-        manager.client_factory = _client_class()
         client = NotebookClient(
             nb,
-            km=manager,
+            kernel_manager_class=_manager_class(),
             timeout=timeout,
             kernel_name=KERNEL,
             resources={"metadata": {"path": str(work)}},
