@@ -31,6 +31,7 @@ the cell. No GPU, no kernel of this repository's venv, no path into the reposito
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -225,9 +226,7 @@ def kernel_env(venv: Path, home: Path, repo_snapshot: Path) -> dict[str, str]:
     return env
 
 
-_MANAGER = None  # the kernel manager class below, made on first use
-
-
+@functools.cache  # one class (and one shared context) per process
 def _manager_class():
     """A kernel manager whose clients share one zmq context, made once in this process
     and never terminated. jupyter_client's own client terminates the context it made
@@ -236,27 +235,24 @@ def _manager_class():
     run of chapter 3 stuck 15 minutes in nbclient's clean-up after its last cell). The
     channels still close their sockets (linger 0) when they stop. nbclient makes the
     manager from this class, so it still shuts the kernel down after the notebook."""
-    global _MANAGER
-    if _MANAGER is None:
-        import zmq.asyncio
-        from jupyter_client.asynchronous.client import AsyncKernelClient
-        from jupyter_client.manager import AsyncKernelManager
-        from traitlets import default
+    import zmq.asyncio
+    from jupyter_client.asynchronous.client import AsyncKernelClient
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import default
 
-        shared = zmq.asyncio.Context()
+    shared = zmq.asyncio.Context()
 
-        class SharedContextClient(AsyncKernelClient):
-            @default("context")
-            def _shared_context(self):
-                return shared  # _created_context stays False: stop_channels keeps it
+    class SharedContextClient(AsyncKernelClient):
+        @default("context")
+        def _shared_context(self):
+            return shared  # _created_context stays False: stop_channels keeps it
 
-        class SharedContextManager(AsyncKernelManager):
-            @default("client_factory")
-            def _shared_context_client(self):
-                return SharedContextClient
+    class SharedContextManager(AsyncKernelManager):
+        @default("client_factory")
+        def _shared_context_client(self):
+            return SharedContextClient
 
-        _MANAGER = SharedContextManager
-    return _MANAGER
+    return SharedContextManager
 
 
 def run_notebook(
