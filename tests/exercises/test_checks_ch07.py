@@ -9,10 +9,13 @@ import torch
 from transformer_course.attention import repeat_kv
 from transformer_course.exercises import (
     CheckError,
+    _language,
+    ch07,
     check_online_softmax,
     check_quantize_int8,
     check_repeat_kv,
     check_streaming_attention,
+    set_language,
 )
 from transformer_course.flash import online_softmax
 from transformer_course.quantize import quantize_int8
@@ -22,17 +25,18 @@ def stub(*args):
     raise NotImplementedError("your code here")
 
 
-def streaming(q, k, v, block, rescale_output=True):
+def streaming(q, k, v, keep, block, rescale_output=True):  # the chapter's solution
     m, l, acc = -math.inf, 0.0, torch.zeros(v.shape[-1])
-    s = k @ q / math.sqrt(q.shape[-1])
+    s = (k @ q / math.sqrt(q.shape[-1])).masked_fill(~keep, -math.inf)
     for j in range(0, len(s), block):
         m_new = max(m, s[j : j + block].max().item())
-        p = torch.exp(s[j : j + block] - m_new)
-        alpha = math.exp(m - m_new)
+        shift = m_new if m_new > -math.inf else 0.0
+        p = torch.exp(s[j : j + block] - shift)
+        alpha = math.exp(m - shift)
         l = l * alpha + p.sum().item()
         acc = (acc * alpha if rescale_output else acc) + p @ v[j : j + block]
         m = m_new
-    return acc / l
+    return acc / l if l > 0 else acc
 
 
 def repeat_heads(x, n_rep):
@@ -98,8 +102,17 @@ def test_streaming_attention_check():
     assert check_streaming_attention(stub) is False
     with pytest.raises(CheckError, match="partial output is not rescaled"):
         check_streaming_attention.strict(
-            lambda q, k, v, b: streaming(q, k, v, b, rescale_output=False)
+            lambda q, k, v, keep, b: streaming(q, k, v, keep, b, rescale_output=False)
         )
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 5, 7, 13])
+def test_streaming_attention_check_accepts_any_block(block, monkeypatch):
+    """The check's inputs with another block size: a right answer passes whether or
+    not the block divides S (the check's own blocks 3, 4 and 8 do not all divide)."""
+    cases = [(*case[:3], block, case[4]) for case in ch07._STREAMING_CASES]
+    monkeypatch.setattr(ch07, "_STREAMING_CASES", cases)
+    assert check_streaming_attention(streaming)
 
 
 def test_repeat_kv_check():
@@ -142,9 +155,23 @@ def test_quantize_int8_check():
 # ------------------------------------------- the learner trial of 2026-12-01, chapter 7
 
 
-def _streaming_variant(*, factor="old", scale=True, per_block=False):
-    def fn(q, k, v, block):
+def _streaming_variant(
+    *,
+    guard=True,
+    factor="old",
+    scale=True,
+    per_block=False,
+    mask="kept",
+    fill=-math.inf,
+    empty="zeros",
+):
+    """The chapter's solution with one mistake: ``guard=False`` is the exercise's
+    buggy code (no shift of 0 while the running maximum is -inf)."""
+
+    def fn(q, k, v, keep, block):
         s = k @ q / (math.sqrt(q.shape[0]) if scale else 1.0)
+        hide = {"kept": ~keep, "inverted": keep, "ignored": torch.zeros_like(keep)}
+        s = s.masked_fill(hide[mask], fill)
         if per_block:
             outs = [
                 torch.softmax(s[j : j + block], 0) @ v[j : j + block]
@@ -154,18 +181,22 @@ def _streaming_variant(*, factor="old", scale=True, per_block=False):
         m, l, acc = -math.inf, 0.0, torch.zeros(v.shape[1])
         for j in range(0, len(s), block):
             m_new = max(m, s[j : j + block].max().item())
-            p = torch.exp(s[j : j + block] - m_new)
-            alpha = math.exp(m - m_new) if factor == "old" else math.exp(m_new - m)
+            shift = 0.0 if guard and m_new == -math.inf else m_new
+            p = torch.exp(s[j : j + block] - shift)
+            exponent = m - shift if factor == "old" else shift - m
+            alpha = math.exp(exponent)
             l = l * alpha + p.sum().item()
             acc = acc * alpha + p @ v[j : j + block]
             m = m_new
-        return acc / l
+        if l > 0 or empty == "zeros":
+            return acc / l if l > 0 else acc
+        return acc / l if empty == "divide" else torch.ones_like(acc)
 
     return fn
 
 
-def _two_pass(q, k, v, block):
-    s = k @ q / math.sqrt(q.shape[0])
+def _two_pass(q, k, v, keep, block):
+    s = (k @ q / math.sqrt(q.shape[0])).masked_fill(~keep, -math.inf)
     w = torch.exp(s - s.max())
     return w / w.sum() @ v
 
@@ -199,6 +230,29 @@ def _per_column(w, group):
     return torch.round(w / scale).to(torch.int8), scale
 
 
+# the mistakes of the masked variant (issue 27): the exercise's own code first
+STREAMING_MASK_MISTAKES = [
+    (
+        check_streaming_attention,
+        _streaming_variant(guard=False),
+        "the first block is all masked",
+    ),
+    (check_streaming_attention, _streaming_variant(mask="ignored"), "had no effect"),
+    (check_streaming_attention, _streaming_variant(mask="inverted"), "is inverted"),
+    (check_streaming_attention, _streaming_variant(empty="divide"), "0 / 0"),
+    (
+        check_streaming_attention,
+        _streaming_variant(fill=-1e9),
+        "gets the average of the values",
+    ),
+    (
+        check_streaming_attention,
+        _streaming_variant(empty="ones"),
+        "values of output with no kept key differ",
+    ),
+]
+
+
 TRIAL = [
     (check_online_softmax, merge_unrescaled, "without rescaling"),
     (check_online_softmax, merge_unguarded, "exp(-inf + inf)"),
@@ -218,13 +272,14 @@ TRIAL = [
     ),
     (
         check_streaming_attention,
-        lambda q, k, v, b: streaming(q, k, v, b, rescale_output=False),
+        lambda q, k, v, keep, b: streaming(q, k, v, keep, b, rescale_output=False),
         "partial output is not rescaled",
     ),
     (check_streaming_attention, _streaming_variant(factor="new"), "Which way round"),
     (check_streaming_attention, _streaming_variant(scale=False), "1/sqrt(d)"),
     (check_streaming_attention, _streaming_variant(per_block=True), "average"),
     (check_streaming_attention, _two_pass, "reads all 12 scores together"),
+    *STREAMING_MASK_MISTAKES,
     (check_repeat_kv, lambda x, n: x.repeat(1, n, 1, 1), "tiled"),
     (check_repeat_kv, lambda x, n: torch.cat([x] * n, 1), "tiled"),
     (
@@ -254,3 +309,22 @@ def test_each_trial_mistake_of_chapter_7_gets_its_own_message(
     assert message in printed and "Hint: " in printed, printed
     assert "Traceback" not in printed
     assert len(printed.strip().splitlines()) == 2, printed
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [case[1] for case in STREAMING_MASK_MISTAKES],
+    ids=[str(i) for i in range(len(STREAMING_MASK_MISTAKES))],
+)
+def test_the_masked_streaming_mistakes_speak_chinese(wrong, capsys):
+    set_language("zh")
+    _language.MISSING.clear()
+    try:
+        assert check_streaming_attention(wrong) is False
+    finally:
+        set_language(None)
+    assert not _language.MISSING, _language.MISSING
+    text, hint = capsys.readouterr().out.strip().splitlines()
+    assert text.startswith("✗ ") and hint.startswith("提示：")
+    assert any("\u4e00" <= c <= "\u9fff" for c in text + hint), text
+    assert "Hint" not in hint

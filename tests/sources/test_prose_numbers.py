@@ -325,8 +325,6 @@ ALLOWED_OUTCOMES: dict[str, str] = {
     "review 2026-12-01, 3b: never computed)",
     # chapter 7
     "that is 128 times more": "arithmetic on the two sizes given in the sentence",
-    "happens to be in the first block": "a condition under which a buggy function "
-    "is right",
     '"faster" or "slower" only when every round agrees': "the rule by which the "
     "cell computes the glued verdict",
     "They can well be *slower* here, because": "a hedged reason; the measured "

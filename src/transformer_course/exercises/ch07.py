@@ -136,64 +136,89 @@ def check_online_softmax(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
     )
 
 
-def _stream_no_output_rescale(q, k, v, block):
-    m, l, acc = float("-inf"), 0.0, torch.zeros(v.shape[-1])
-    s = k @ q / math.sqrt(q.shape[-1])
+def _attend(q, k, v, keep, scale=True):
+    """softmax over the kept keys of k q (/ sqrt(d) if ``scale``) times v, (d_v,);
+    zeros when no key is kept."""
+    if not keep.any():
+        return torch.zeros(v.shape[1])
+    s = k @ q / (math.sqrt(q.shape[0]) if scale else 1.0)
+    return torch.softmax(s.masked_fill(~keep, -math.inf), 0) @ v
+
+
+def _stream_no_output_rescale(q, k, v, keep, block):
+    m, l, acc = -math.inf, 0.0, torch.zeros(v.shape[1])
+    s = (k @ q / math.sqrt(q.shape[0])).masked_fill(~keep, -math.inf)
     for j in range(0, len(s), block):
         m_new = max(m, s[j : j + block].max().item())
-        p = torch.exp(s[j : j + block] - m_new)
-        l = l * math.exp(m - m_new) + p.sum().item()
+        shift = m_new if m_new > -math.inf else 0.0
+        p = torch.exp(s[j : j + block] - shift)
+        l = l * math.exp(m - shift) + p.sum().item()
         acc = acc + p @ v[j : j + block]  # bug: acc not rescaled
         m = m_new
-    return acc / l
+    return acc / l if l > 0 else acc
+
+
+def _keep(pattern: str) -> Tensor:
+    """A key padding mask (S,) from a string: "1" = kept, "0" = masked."""
+    return torch.tensor([c == "1" for c in pattern])
+
+
+# (S, d, d_v, block, keep): first the inputs whose first block holds a kept key (the
+# buggy code of the exercise is right on them), then a first block that is all masked,
+# then no kept key at all; blocks that do not divide S, and one longer than S
+_STREAMING_CASES = (
+    (12, 8, 5, 4, "111111111111"),
+    (7, 4, 3, 3, "1010001"),
+    (5, 16, 2, 8, "11011"),
+    (10, 8, 4, 4, "0000101101"),
+    (9, 4, 3, 2, "000001011"),
+    (6, 4, 3, 4, "000000"),
+)
 
 
 @exercise_check
 def check_streaming_attention(fn: Callable[..., Tensor]) -> bool:
-    """Chapter 7, exercise "find the bug" (one query, FlashAttention-style):
-    ``fn(q, k, v, block)`` with q (d,), k (S, d), v (S, d_v) must return
-    softmax(k q / sqrt(d)) v, (d_v,), reading k and v ``block`` rows at a time.
+    """Chapter 7, exercise "find the bug" (one query, streamed with the online softmax
+    of Milakov and Gimelshein 2018, as FlashAttention, Dao et al. 2022, streams keys):
+    ``fn(q, k, v, keep, block)`` with q (d,), k (S, d), v (S, d_v) and a key padding
+    mask keep (S,) bool (True = attend) must return softmax over the kept keys of
+    k q / sqrt(d), times v: (d_v,), reading k and v ``block`` rows at a time, for any
+    block (one that does not divide S included); a query with no kept key gets zeros.
 
     Raises:
-        CheckError: naming an unrescaled output accumulator, a rescale factor that
-            overflows, a softmax or maximum over all the scores at once, a call to the
-            library's tiled attention, a wrong shape, or the first wrong value.
+        CheckError: naming NaN from a first block that is all masked (the exercise's
+            bug), NaN or an average of the values where no key is kept, an unrescaled
+            output accumulator, a rescale factor that overflows, a mask that is
+            ignored or inverted, scores without 1/sqrt(d), an average of per-block
+            attentions, a softmax or maximum over all the scores at once, a call to
+            the library's tiled attention, a wrong shape, or the first wrong value.
     """
     fn = own_code(fn, tiled_attention, online_softmax)
     gen = torch.Generator().manual_seed(8)
-    for s, d, dv, block in ((12, 8, 5, 4), (7, 4, 3, 3), (5, 16, 2, 8)):
+    for s, d, dv, block, pattern in _STREAMING_CASES:
         q = torch.randn(d, generator=gen) * 2
         k = torch.randn(s, d, generator=gen) * 2
         v = torch.randn(s, dv, generator=gen)
-        out, calls = torch_calls(fn, q, k, v, block)
+        keep = _keep(pattern)
+        out, calls = torch_calls(fn, q, k, v, keep.clone(), block)
         check_shape(out, (dv,), "output")
         _read_at_once(calls, block, s)
-        ref = torch.softmax(k @ q / math.sqrt(d), 0) @ v
-        buggy = _stream_no_output_rescale(q, k, v, block)
-        if not torch.allclose(out, ref, atol=1e-5) and torch.allclose(
-            out, buggy, atol=1e-5
-        ):
+        if not keep.any():
+            _check_no_key_kept(out, v)
+            continue
+        if torch.isnan(out).any() and not keep[:block].any():
             fail(
-                "the partial output is not rescaled when the running maximum grows",
-                "acc holds sum exp(s_j - m) v_j for the OLD m: multiply it by "
-                "exp(m - m_new), exactly like the running sum l.",
+                "the output is NaN for keep = {keep} with block = {block}: the first "
+                "block is all masked, so before any kept key m = m_new = -inf, and "
+                "exp(m - m_new) is exp(-inf + inf)",
+                "a block of masked keys adds nothing, whatever its shift: guard the "
+                "shift while the running maximum is still -inf.",
+                keep=pattern,
+                block=block,
             )
-        if close(out, torch.softmax(k @ q, 0) @ v):
-            fail(
-                "your output is softmax(k q) v: the scores miss the 1/sqrt(d) scale",
-                "the buggy code scales the scores; keep that line as it is.",
-            )
-        per_block = [
-            torch.softmax(k[j : j + block] @ q / math.sqrt(d), 0) @ v[j : j + block]
-            for j in range(0, s, block)
-        ]
-        if block < s and close(out, torch.stack(per_block).mean(0)):
-            fail(
-                "your output is the average of each block's own attention: blocks "
-                "with few or weak keys weigh as much as the others",
-                "one softmax runs over all S keys: carry the running maximum, sum "
-                "and output across blocks instead of finishing each block apart.",
-            )
+        ref = _attend(q, k, v, keep)
+        if not close(out, ref):
+            _name_streaming_mistake(out, q, k, v, keep, block, pattern)
         check_close(
             out,
             ref,
@@ -203,7 +228,76 @@ def check_streaming_attention(fn: Callable[..., Tensor]) -> bool:
             "m_new the old terms shrink, so their factor is at most 1. Which way round "
             "is your exponent?",
         )
-    return passed("streaming attention equals softmax(k q / sqrt(d)) v for 3 inputs")
+    return passed(
+        "streaming attention equals softmax over the kept keys for 6 inputs, a "
+        "first block that is all masked and a query with no kept key (zeros) included"
+    )
+
+
+def _name_streaming_mistake(out, q, k, v, keep, block, pattern) -> None:
+    """Fail with the mistake an output other than the right one matches, if any."""
+    s, d = k.shape
+    if close(out, _stream_no_output_rescale(q, k, v, keep, block)):
+        fail(
+            "the partial output is not rescaled when the running maximum grows",
+            "acc holds sum exp(s_j - m) v_j for the OLD m: multiply it by "
+            "exp(m - m_new), exactly like the running sum l.",
+        )
+    if not keep.all() and close(out, _attend(q, k, v, torch.ones_like(keep))):
+        fail(
+            "the mask had no effect: your output attends to all {size} keys, "
+            "the masked ones of keep = {keep} included",
+            "a key where keep is False must add nothing to m, l or acc.",
+            size=s,
+            keep=pattern,
+        )
+    if close(out, _attend(q, k, v, ~keep)):
+        fail(
+            "the mask is inverted: your output attends to the keys where keep "
+            "is False (keep = {keep})",
+            "here True means 'may attend', the opposite of nn.MultiheadAttention.",
+            keep=pattern,
+        )
+    if close(out, _attend(q, k, v, keep, scale=False)):
+        fail(
+            "your output is softmax(k q) v: the scores miss the 1/sqrt(d) scale",
+            "the buggy code scales the scores; keep that line as it is.",
+        )
+    per_block = [
+        torch.softmax(k[j : j + block] @ q / math.sqrt(d), 0) @ v[j : j + block]
+        for j in range(0, s, block)
+    ]
+    if block < s and keep.all() and close(out, torch.stack(per_block).mean(0)):
+        fail(
+            "your output is the average of each block's own attention: blocks "
+            "with few or weak keys weigh as much as the others",
+            "one softmax runs over all S keys: carry the running maximum, sum "
+            "and output across blocks instead of finishing each block apart.",
+        )
+
+
+def _check_no_key_kept(out: Tensor, v: Tensor) -> None:
+    """A query whose keys are all masked: the exercise asks for zeros (d_v,)."""
+    if torch.isnan(out).any():
+        fail(
+            "the output is NaN for a query whose keys are all masked: l = 0 there, "
+            "so acc / l is 0 / 0",
+            "the exercise asks for zeros when no key is kept, as the code given "
+            "returns: never divide by l = 0.",
+        )
+    if close(out, v.mean(0)):
+        fail(
+            "a query whose keys are all masked gets the average of the values, "
+            "expected zeros: a large finite fill such as -1e9 gives every masked key "
+            "the same weight (pitfall P6)",
+            "with -inf a masked key adds exactly 0, so l stays 0 when no key is kept.",
+        )
+    check_close(
+        out,
+        torch.zeros_like(out),
+        name=gettext("output with no kept key"),
+        hint="a query whose keys are all masked gets zeros (d_v,).",
+    )
 
 
 @exercise_check
