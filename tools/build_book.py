@@ -36,6 +36,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -144,15 +145,21 @@ def main(argv: list[str] | None = None) -> None:
     # the command line imports build_sphinx from this module when it runs
     jb_sphinx.build_sphinx = functools.partial(jb_sphinx.build_sphinx, jobs=jobs)
     sphinx.builders.make_chunks = one_page_per_chunk  # Builder._read_parallel uses it
-    if args.edition == "en":
-        jupyter_book_cli(["build", *rest])
-        return
+    start = time.perf_counter()
     try:
-        jupyter_book_cli(["build", *chinese_arguments(rest)])
-    except SystemExit as done:  # click exits, also on success
-        if done.code not in (0, None):
-            raise
-    publish_chinese()
+        if args.edition == "en":
+            jupyter_book_cli(["build", *rest])
+            return
+        try:
+            jupyter_book_cli(["build", *chinese_arguments(rest)])
+        except SystemExit as done:  # click exits, also on success
+            if done.code not in (0, None):
+                raise
+        publish_chinese()
+    finally:  # where the book's build time goes: each edition's own line in the log
+        edition = {"en": "English", "zh": "Chinese"}[args.edition]
+        print(f"build_book: the {edition} edition took "
+              f"{time.perf_counter() - start:.0f} s", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -155,6 +155,14 @@ def _freeze(python: Path) -> dict[str, str]:
     return {p["name"].lower(): p["version"] for p in json.loads(out)}
 
 
+def _pip_install(python: Path, *args: str) -> None:
+    """``pip install --no-compile``: Python compiles a module when it is first imported,
+    which a notebook does for the few it uses; compiling all of torch, transformers,
+    scipy and scikit-learn at install time was most of the environment's build (34 s of
+    torch's 35 s here)."""
+    _run([str(python), "-m", "pip", "install", "-q", "--no-compile", *args])
+
+
 def base_venv() -> Path:
     """The cached environment with only PREINSTALLED; created on first use."""
     spec = "\n".join([sys.version.split()[0], *pins()])
@@ -165,7 +173,7 @@ def base_venv() -> Path:
         shutil.rmtree(venv, ignore_errors=True)
         print(f"colab-sim: creating {venv} ({', '.join(pins())})", flush=True)
         _run([sys.executable, "-m", "venv", str(venv)])
-        _run([str(python), "-m", "pip", "install", "-q", *pins()])
+        _pip_install(python, *pins())
         (venv / "base.json").write_text(json.dumps(_freeze(python), indent=1))
     return venv
 
@@ -180,7 +188,7 @@ def restore(venv: Path) -> None:
         _run([str(python), "-m", "pip", "uninstall", "-q", "-y", *extra])
     changed = [f"{n}=={base[n]}" for n in base if now.get(n) not in (None, base[n])]
     if changed:
-        _run([str(python), "-m", "pip", "install", "-q", "--no-deps", *changed])
+        _pip_install(python, "--no-deps", *changed)
 
 
 # -- 3. one notebook, alone in an empty folder ----------------------------------------------

@@ -90,10 +90,41 @@ def encoder_states(
     return x, last_input
 
 
-def sentence_embeddings(model, ids: Tensor, mask: Tensor, *, head_mask=None) -> Tensor:
-    """Mean-pooled sentence embeddings (B, D) of ``encoder_states``."""
-    hidden, _ = encoder_states(model, ids, mask, head_mask=head_mask)
-    return mean_pool(hidden, mask)
+def sentence_embeddings(
+    model, ids: Tensor, mask: Tensor, *, head_mask=None, batch_size: int | None = None
+) -> Tensor:
+    """Mean-pooled sentence embeddings (B, D) of ``encoder_states``.
+
+    With ``batch_size``, the rows go through the model in batches of that many rows
+    sorted by length, each batch cut to its longest row, and come back in their own
+    order: a batch of short lines then computes no padding positions, which are most
+    of a mixed batch's (sentence-transformers' ``encode`` sorts by length for the
+    same reason). Padding changes no real token's state, so the embeddings are the
+    one-batch ones up to float rounding (a test). Per-row gates (``head_mask`` with a
+    B axis) follow their rows.
+
+    Raises:
+        ValueError / TypeError: as ``encoder_states``; ``batch_size`` not an int >= 1.
+    """
+    if batch_size is None or len(ids) == 0:
+        hidden, _ = encoder_states(model, ids, mask, head_mask=head_mask)
+        return mean_pool(hidden, mask)
+    _validation.positive_int("batch_size", batch_size)
+    _validation.keep_mask("mask", mask, tuple(ids.shape))
+    gates = _layer_gates(model, head_mask)
+    order = mask.sum(1).argsort(descending=True, stable=True)  # longest first
+    out = None
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        width = int(mask[rows].any(0).nonzero().max()) + 1 if mask[rows].any() else 1
+        kept = [g if g is None or g.dim() == 1 else g[rows] for g in gates]
+        part = sentence_embeddings(
+            model, ids[rows, :width], mask[rows, :width], head_mask=kept
+        )  # (b, D)
+        if out is None:
+            out = part.new_empty(len(order), part.shape[1])
+        out[rows] = part
+    return out
 
 
 def head_importance(

@@ -61,6 +61,35 @@ def test_encoder_states_equal_the_model_forward(model, batch):
     torch.testing.assert_close(last_input, out.all_hidden_states[-2])
 
 
+@pytest.mark.parametrize("batch_size", [1, 2, 3, 5, 8])
+def test_length_sorted_batches_give_the_one_batch_embeddings(model, batch_size):
+    lengths = torch.tensor([9, 2, 6, 1, 9, 4, 0])  # a row with no real token too
+    mask = torch.arange(9) < lengths[:, None]  # (7, 9), right padding
+    ids = torch.randint(1, 50, (7, 9)).masked_fill(~mask, 0)
+    gates = gates_without([(0, 1), (2, 3)], 3, 4)
+    per_row = torch.rand(3, 7, 4)  # (L, B, H): each row its own gates
+    with torch.no_grad():
+        for head_mask in (None, gates, per_row):
+            whole = sentence_embeddings(model, ids, mask, head_mask=head_mask)
+            batched = sentence_embeddings(
+                model, ids, mask, head_mask=head_mask, batch_size=batch_size
+            )
+            torch.testing.assert_close(batched, whole)
+        # known wrong: per-row gates that did not follow their rows
+        shuffled = per_row[:, torch.arange(6, -1, -1)]
+        assert not torch.allclose(
+            sentence_embeddings(model, ids, mask, head_mask=shuffled),
+            sentence_embeddings(model, ids, mask, head_mask=per_row),
+        )
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0])
+def test_batch_size_must_be_a_positive_int(model, batch, bad):
+    ids, mask = batch
+    with pytest.raises((TypeError, ValueError), match="batch_size"):
+        sentence_embeddings(model, ids, mask, batch_size=bad)
+
+
 def test_all_ones_gates_change_nothing(model, batch):
     ids, mask = batch
     plain = sentence_embeddings(model, ids, mask)
