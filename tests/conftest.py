@@ -93,6 +93,33 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(getattr(pytest.mark, tier))
 
 
+def time_by_file(reports) -> list[tuple[str, float, int]]:
+    """(test file, seconds of setup + call + teardown, tests) of test reports, the
+    most expensive file first: where a run's time goes, a line a file."""
+    seconds: dict[str, float] = {}
+    tests: dict[str, set[str]] = {}
+    for report in reports:
+        if getattr(report, "when", None) not in ("setup", "call", "teardown"):
+            continue
+        path = report.nodeid.split("::")[0]
+        seconds[path] = seconds.get(path, 0.0) + report.duration
+        tests.setdefault(path, set()).add(report.nodeid)
+    rows = [(path, seconds[path], len(tests[path])) for path in seconds]
+    return sorted(rows, key=lambda row: -row[1])
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """With ``--durations`` (the Makefile's test targets): seconds by test file too."""
+    if config.getoption("durations", None) is None:
+        return
+    reports = [r for rs in terminalreporter.stats.values() for r in rs]
+    rows = time_by_file(reports)[:20]
+    if rows:
+        terminalreporter.section("seconds by test file (all workers together)")
+        for path, seconds, n in rows:
+            terminalreporter.write_line(f"{seconds:8.1f} s  {n:4d} tests  {path}")
+
+
 @pytest.fixture(autouse=True)
 def seed():
     """Every test starts from the same random state."""

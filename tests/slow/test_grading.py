@@ -1,7 +1,7 @@
 """End-to-end tests of the instructor workflow (tools/course_grading, run by
 tools/assignments.py; book/instructor_guide.md).
 
-Builds the otter assignments of chapters 2 and 5 once into a temporary folder, fills the
+Builds the otter assignments of chapters 1 and 2 once into a temporary folder, fills the
 student notebooks the way learners (and cheaters) would, grades them all in one run of
 `tools/assignments.py grade` (what `make grade` runs) and checks grades.csv, the otter
 scores and the feedback files. The in-process attacks pin what plain `otter run` lets
@@ -40,19 +40,18 @@ ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ROOT / "src" / "transformer_course"
 NO_SANDBOX = bwrap_problem()  # None where bubblewrap can run
 
-CHAPTERS = ["02_scaled_dot_product", "05_masks"]
+CHAPTERS = ["01_qkv", "02_scaled_dot_product"]
 # Seconds for one submission's otter run; the infinite loops use all of it.
 TIMEOUT = float(os.environ.get("GRADING_TEST_TIMEOUT", "90"))
 CALL_TIMEOUT = 15.0
 
-# A wrong answer for each chapter's second question (chapter 2: the scores are not scaled).
+# A wrong answer for each chapter's second question: the scores are not scaled.
 WRONG = {
-    # the exercise's own buggy code: keep varies along the queries, | instead of &
-    "05_masks": """def make_decoder_mask(tokens, pad_id):
-    T = tokens.shape[1]
-    keep = (tokens != pad_id)[:, None, :, None]
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
-    return keep | causal""",
+    "01_qkv": """def attention(q, k, v, valid):
+    scores = q @ k.transpose(-2, -1)
+    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights""",
     "02_scaled_dot_product": """def attention_bthd(q, k, v, key_padding_mask=None):
     q, k, v = (x.transpose(1, 2) for x in (q, k, v))
     scores = q @ k.transpose(-2, -1)
@@ -100,7 +99,7 @@ WRITE_HOME = (
     "open(_os.path.expanduser('~/notes-by-a-student.txt'), 'w').write('hello')\n"
 )
 MALICIOUS = {
-    "05_masks": ["patch_checker", "patch_otter"],
+    "01_qkv": ["patch_checker", "patch_otter"],
     "02_scaled_dot_product": ["rewrite_hidden_tests", "overwrite_results"],
 }
 
@@ -311,8 +310,8 @@ def graded(tmp_path_factory):
             "assign",
             "--no-run-tests",
             "--chapters",
+            "1",
             "02",
-            "5",
             "--out",
             str(dist),
         ],

@@ -109,3 +109,23 @@ def test_no_test_relies_on_an_xdist_group_mark():
     )
     assert marked == [], f"xdist_group marks group nothing under pytest 9: {marked}"
     assert _GROUP_MARK.search('pytestmark = pytest.mark.xdist_group("colab")')
+
+
+def test_time_by_file_adds_every_phase_of_a_files_tests():
+    from types import SimpleNamespace as Report
+
+    import conftest
+
+    reports = [
+        Report(nodeid="tests/a.py::t1", when="setup", duration=2.0),
+        Report(nodeid="tests/a.py::t1", when="call", duration=3.0),
+        Report(nodeid="tests/a.py::t2", when="call", duration=1.0),
+        Report(nodeid="tests/b.py::t[x]", when="call", duration=10.0),
+        Report(nodeid="tests/b.py::t[x]", when="teardown", duration=0.5),
+        Report(nodeid="tests/c.py", when="collect", duration=99.0),  # not a test phase
+    ]
+    assert conftest.time_by_file(reports) == [
+        ("tests/b.py", 10.5, 1),
+        ("tests/a.py", 6.0, 2),
+    ]
+    assert conftest.time_by_file([]) == []
