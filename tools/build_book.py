@@ -166,8 +166,11 @@ def main(argv: list[str] | None = None) -> None:
         publish_chinese()
     finally:  # where the book's build time goes: each edition's own line in the log
         edition = {"en": "English", "zh": "Chinese"}[args.edition]
-        print(f"build_book: the {edition} edition took "
-              f"{time.perf_counter() - start:.0f} s", flush=True)  # fmt: skip
+        print(
+            f"build_book: the {edition} edition took "
+            f"{time.perf_counter() - start:.0f} s",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

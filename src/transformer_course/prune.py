@@ -97,11 +97,11 @@ def sentence_embeddings(
 
     With ``batch_size``, the rows go through the model in batches of that many rows
     sorted by length, each batch cut to its longest row, and come back in their own
-    order: a batch of short lines then computes no padding positions, which are most
-    of a mixed batch's (sentence-transformers' ``encode`` sorts by length for the
-    same reason). Padding changes no real token's state, so the embeddings are the
-    one-batch ones up to float rounding (a test). Per-row gates (``head_mask`` with a
-    B axis) follow their rows.
+    order: a batch of short lines then computes no padding positions (36% of the
+    positions of chapter 9's 100 held-out lines in one batch; sentence-transformers'
+    ``encode`` sorts by length for the same reason). Padding changes no real token's
+    state, so the embeddings are the one-batch ones up to float rounding (a test).
+    Per-row gates (``head_mask`` with a B axis) follow their rows.
 
     Raises:
         ValueError / TypeError: as ``encoder_states``; ``batch_size`` not an int >= 1.
@@ -116,7 +116,8 @@ def sentence_embeddings(
     out = None
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
-        width = int(mask[rows].any(0).nonzero().max()) + 1 if mask[rows].any() else 1
+        used = mask[rows].any(0).nonzero()  # the columns some row of the batch needs
+        width = int(used.max()) + 1 if len(used) else 1
         kept = [g if g is None or g.dim() == 1 else g[rows] for g in gates]
         part = sentence_embeddings(
             model, ids[rows, :width], mask[rows, :width], head_mask=kept
