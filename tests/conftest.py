@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -35,21 +36,82 @@ TIERS = ("lib", "exercises", "sources", "slow", "site")
 # and temporary folders a grading run leaves). Under pytest-xdist (make test runs pytest
 # with -n auto --dist loadgroup) each of them is one work unit, GROUPS, that one worker
 # runs test after test; the two units, the largest, are handed out first, to different
-# workers, and every other test is a unit of its own. The grouping is by module path
-# (GroupScheduling below), not by ``xdist_group`` marks: pytest-xdist 3.8 marks a group
-# by renaming ``item._nodeid``, which pytest 9 no longer reads, so marked tests spread
-# over every worker (they did, and broke each other, in session 33).
+# workers (first_units). The grouping is by module path (GroupScheduling below), not by
+# ``xdist_group`` marks: pytest-xdist 3.8 marks a group by renaming ``item._nodeid``,
+# which pytest 9 no longer reads, so marked tests spread over every worker (they did, and
+# broke each other, in session 33).
 GROUPS = {"tests/slow/test_colab.py": "colab", "tests/slow/test_grading.py": "grading"}
+# The browser tests of one page of the built site ("[01_qkv]", "[zh-01_qkv]", "[search]":
+# browsing.short of the page) are one work unit too, "site:01_qkv", so that one worker
+# runs them one after another, in PAGE_TEST_ORDER, on the page it loaded once
+# (browsing.Pages, the ``pages`` fixture) instead of loading it for each (5 to 18 s a
+# load on CI's 2 cores). Every other test is a unit of its own.
+PAGE_MODULES = (
+    "tests/site/test_a11y.py",
+    "tests/site/test_browser.py",
+    "tests/site/test_measure_pages.py",
+)
+# The order of a page's tests: the check of the page as it loaded first, then the checks
+# that only read it, then those that change it, each a part of its own (the views'
+# controls, the animations' sliders, the solutions). A test missing here runs after them,
+# on a page Pages loads again if a test changed it.
+PAGE_TEST_ORDER = (
+    "test_page_loads_cleanly_and_stays_on_this_host",
+    "test_chapter_reads_as_an_illustrated_page",
+    "test_no_serious_or_critical_axe_violation",
+    "test_math_renders",
+    "test_chinese_headings_render_in_a_cjk_font",
+    "test_every_animation_control_shows_an_icon",
+    "test_every_interactive_view_responds_to_each_control",
+    "test_every_animation_plays",
+    "test_every_solution_starts_hidden_and_opens_on_click",
+)
+_PAGE_TEST = re.compile(r"(\w+)\[([\w-]+)\]")  # a function with one page parameter
 
 
 def work_unit(nodeid: str) -> str:
-    """The xdist work unit of a test: its module's name in GROUPS, else the test itself."""
-    return GROUPS.get(nodeid.split("::")[0], nodeid)
+    """The xdist work unit of a test: its module's name in GROUPS; "site:<page>" for a
+    test of PAGE_MODULES parametrized by a page; else the test itself."""
+    module, _, rest = nodeid.partition("::")
+    if module in GROUPS:
+        return GROUPS[module]
+    match = _PAGE_TEST.fullmatch(rest) if module in PAGE_MODULES else None
+    return f"site:{match.group(2)}" if match else nodeid
+
+
+def unit_order(nodeids: list[str]) -> list[int]:
+    """The order to run tests in (indexes into ``nodeids``): the tests of a page's unit
+    together, where its first test was, in PAGE_TEST_ORDER (others after, as they came);
+    every other test where it was."""
+    units: dict[str, list[int]] = {}
+    for i, nodeid in enumerate(nodeids):
+        units.setdefault(work_unit(nodeid), []).append(i)
+
+    def rank(i: int) -> int:
+        name = nodeids[i].partition("::")[2].split("[")[0]
+        return (PAGE_TEST_ORDER + (name,)).index(name)
+
+    order = []
+    for unit, indexes in units.items():
+        order += sorted(indexes, key=rank) if unit.startswith("site:") else indexes
+    return order
+
+
+def first_units(workqueue: dict[str, dict]) -> None:
+    """Move the GROUPS units to the front of an xdist work queue (``OrderedDict`` of
+    unit: tests), the largest first, whatever the size of the other units: they are the
+    longest, and each must start on a worker of its own."""
+    groups = sorted(
+        (u for u in workqueue if u in GROUPS.values()), key=lambda u: len(workqueue[u])
+    )
+    for unit in groups:  # the smallest moved first ends up behind the larger
+        workqueue.move_to_end(unit, last=False)
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadgroup`` groups by work_unit (see GROUPS)."""
+    """``--dist loadgroup`` groups by work_unit (see GROUPS) and hands out the GROUPS
+    units first (first_units); the other units go largest first (xdist's own order)."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling
@@ -57,6 +119,10 @@ def pytest_xdist_make_scheduler(config, log):
     class GroupScheduling(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            first_units(self.workqueue)
+            super()._assign_work_unit(node)
 
     return GroupScheduling(config, log)
 
@@ -81,7 +147,9 @@ KNOWN_FAILURES: dict[str, str] = {}
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark every test with its folder's tier (``-m lib``, ``-m "not slow"``, ...)."""
+    """Mark every test with its folder's tier (``-m lib``, ``-m "not slow"``, ...), and
+    run a page's browser tests together, in PAGE_TEST_ORDER (unit_order)."""
+    items[:] = [items[i] for i in unit_order([item.nodeid for item in items])]
     for item in items:
         if item.nodeid in KNOWN_FAILURES:
             item.add_marker(pytest.mark.xfail(reason=KNOWN_FAILURES[item.nodeid]))
@@ -198,7 +266,9 @@ def site() -> Path:
     return HTML
 
 
-# -- the built site in Debian's chromium (test_browser.py, test_a11y.py) --------------
+# -- the built site in Debian's chromium (test_browser.py, test_a11y.py, ...) ---------
+# One server and one browser a worker (session scope: a page's tests come from three
+# modules, and module-scoped fixtures would start them again at each change of module).
 
 
 class _Quiet(SimpleHTTPRequestHandler):
@@ -206,7 +276,7 @@ class _Quiet(SimpleHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(site):
     handler = functools.partial(_Quiet, directory=str(site))
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -216,7 +286,7 @@ def server(site):
     httpd.shutdown()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser():
     from browsing import CHROMIUM, FLAGS
 
@@ -230,3 +300,14 @@ def browser():
         b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         yield b
         b.close()
+
+
+@pytest.fixture(scope="session")
+def pages(browser, server):
+    """The worker's open page of the site (browsing.Pages), handed to the tests of that
+    page one after another (their work unit, PAGE_TEST_ORDER)."""
+    from browsing import Pages
+
+    opened = Pages(browser, server)
+    yield opened
+    opened.close()

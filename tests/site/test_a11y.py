@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
-from browsing import PAGES, ZH_PAGES, Visit, short
+from browsing import PAGES, ZH_PAGES, short
 from bs4 import BeautifulSoup
 
 pytestmark = [pytest.mark.site, pytest.mark.browser]
@@ -59,10 +59,8 @@ def describe(violations: list[dict]) -> str:
 @pytest.mark.parametrize(
     "name", [*PAGES, "search", "genindex", *ZH_PAGES, "zh/search"], ids=short
 )
-def test_no_serious_or_critical_axe_violation(browser, server, name):
-    visit = Visit(browser, f"{server}/{name}.html")
-    violations = axe_violations(visit.page)
-    visit.page.close()
+def test_no_serious_or_critical_axe_violation(pages, name):
+    violations = axe_violations(pages.open(name).page)  # adds axe-core to the page
     blocking = [v for v in violations if v["impact"] in BLOCKING]
     assert not blocking, f"{name}: axe-core found\n{describe(blocking)}"
 

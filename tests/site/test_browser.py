@@ -10,7 +10,9 @@ headings render in a CJK font, not as empty boxes (tofu). A full-page screenshot
 every chapter lands in _build/screenshots/ for review.
 
 Each check is a helper that returns the problems it found, and each helper is shown
-rejecting a known-broken page at the end of the file.
+rejecting a known-broken page at the end of the file. The tests of one page share one
+load of it (the ``pages`` fixture, browsing.Pages: the tests that change the page say
+which part; the test of the page as it loaded loads it anew).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from browsing import CHAPTERS, PAGES, ZH_CHAPTERS, ZH_PAGES, Visit, short
+from browsing import CHAPTERS, PAGES, ZH_CHAPTERS, ZH_PAGES, Pages, Visit, short
 
 pytestmark = pytest.mark.browser
 
@@ -258,53 +260,49 @@ def heading_tofu(page) -> list[str]:
 @pytest.mark.parametrize(
     "name", [*PAGES, "search", "genindex", *ZH_PAGES, "zh/search"], ids=short
 )
-def test_page_loads_cleanly_and_stays_on_this_host(browser, server, name):
-    visit = Visit(browser, f"{server}/{name}.html")
+def test_page_loads_cleanly_and_stays_on_this_host(pages, name):
+    visit = pages.open(name, fresh=True)  # what its own load recorded
     if name in CHAPTERS:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         visit.page.screenshot(
             path=str(SCREENSHOTS / f"{short(name)}.png"), full_page=True
         )
-    visit.page.close()
     assert not visit.outside, f"requests to other hosts: {visit.outside}"
     assert not visit.errors, f"console errors: {visit.errors}"
 
 
 @pytest.mark.parametrize("name", [*CHAPTERS, *ZH_CHAPTERS], ids=short)
-def test_every_animation_plays(browser, server, name):
-    page = Visit(browser, f"{server}/{name}.html").page
+def test_every_animation_plays(pages, name):
+    # the check leaves the animations at their last frame
+    page = pages.open(name, changes="animations").page
     count = page.locator("input.anim-slider").count()
     problems = animation_problems(page)
-    page.close()
     assert count, f"{short(name)} has no animation (every chapter needs one)"
     assert not problems, f"{short(name)}: {problems}"
 
 
 @pytest.mark.parametrize("name", [*CHAPTERS, *ZH_CHAPTERS], ids=short)
-def test_every_interactive_view_responds_to_each_control(browser, server, name):
-    page = Visit(browser, f"{server}/{name}.html").page
+def test_every_interactive_view_responds_to_each_control(pages, name):
+    # the check sets each control back, unless it fails half-way
+    page = pages.open(name, changes="views").page
     count = page.locator("div.tc-interactive").count()
     problems = interactive_problems(page)
-    page.close()
     assert count, f"{short(name)} has no interactive view (every chapter needs one)"
     assert not problems, f"{short(name)}: {problems}"
 
 
 @pytest.mark.parametrize("name", [*CHAPTERS, *ZH_CHAPTERS], ids=short)
-def test_every_solution_starts_hidden_and_opens_on_click(browser, server, name):
-    page = Visit(browser, f"{server}/{name}.html").page
+def test_every_solution_starts_hidden_and_opens_on_click(pages, name):
+    page = pages.open(name, changes="solutions").page  # leaves them open
     count = page.locator("div.solution").count()
     problems = solution_problems(page)
-    page.close()
     assert count, f"{short(name)} has no exercise solution"
     assert not problems, f"{short(name)}: {problems}"
 
 
 @pytest.mark.parametrize("name", [*PAGES, *ZH_PAGES], ids=short)
-def test_math_renders(browser, server, name):
-    page = Visit(browser, f"{server}/{name}.html").page
-    problems = math_problems(page)
-    page.close()
+def test_math_renders(pages, name):
+    problems = math_problems(pages.open(name).page)
     assert not problems, f"{short(name)}: {problems}"
 
 
@@ -322,11 +320,10 @@ def test_search_finds_multi_head(browser, server):
 
 
 @pytest.mark.parametrize("name", ZH_PAGES, ids=short)
-def test_chinese_headings_render_in_a_cjk_font(browser, server, name):
-    page = Visit(browser, f"{server}/{name}.html").page
+def test_chinese_headings_render_in_a_cjk_font(pages, name):
+    page = pages.open(name).page
     text = page.locator("h1").first.inner_text()
     missing = heading_tofu(page)
-    page.close()
     assert any(ord(ch) > 0x2E80 for ch in text), f"{name}: no Chinese heading: {text}"
     assert not missing, (
         f"{name}: {missing} render as empty boxes (install fonts-noto-cjk)"
@@ -385,11 +382,10 @@ def test_checks_reject_a_broken_page(browser):
 
 
 @pytest.mark.parametrize("name", [*CHAPTERS, *ZH_CHAPTERS], ids=short)
-def test_every_animation_control_shows_an_icon(browser, server, name):
-    page = Visit(browser, f"{server}/{name}.html").page
+def test_every_animation_control_shows_an_icon(pages, name):
+    page = pages.open(name).page  # scrolls it, and changes nothing else
     count = page.locator("div.anim-buttons button").count()
     problems = animation_control_problems(page)
-    page.close()
     assert count, f"{short(name)} has no animation controls"
     assert not problems, f"{short(name)}: {problems}"
 
@@ -439,3 +435,69 @@ def test_icon_check_rejects_glyphs_and_empty_icons(browser):
     )
     assert problems[2] == "control 2 (Pause): its svg icon is blank"
     assert problems[3].startswith("control 3 (Next frame): no visible icon")
+
+
+# -- the page a worker shares between a page's tests (browsing.Pages) --------------------
+
+
+class _FakePage:
+    """What Visit and Pages ask of a Playwright page, without a browser."""
+
+    def __init__(self, url_log, *, fail=False):
+        self.closed, self.fail, self.url_log = False, fail, url_log
+
+    def on(self, event, handler):
+        pass
+
+    def route(self, pattern, handler):
+        pass
+
+    def goto(self, url, wait_until):
+        self.url_log.append(url)
+        if self.fail:
+            raise TimeoutError(url)
+
+    def is_closed(self):
+        return self.closed
+
+    def close(self):
+        self.closed = True
+
+
+class _FakeBrowser:
+    def __init__(self):
+        self.loads, self.pages, self.fail = [], [], False
+
+    def new_page(self, viewport):
+        self.pages.append(_FakePage(self.loads, fail=self.fail))
+        return self.pages[-1]
+
+
+def test_pages_loads_a_page_again_once_a_test_changed_it():
+    browser = _FakeBrowser()
+    pages = Pages(browser, "http://site")
+    first = pages.open("book/01_qkv", fresh=True)
+    assert pages.open("book/01_qkv") is first  # read-only checks share the load
+    assert pages.open("book/01_qkv", changes="views") is first
+    assert pages.open("book/01_qkv", changes="solutions") is first  # another part
+    # known wrong: the views were changed already
+    assert pages.open("book/01_qkv", changes="views") is not first
+    second = pages.visit
+    assert first.page.closed and not second.page.closed  # one page open at a time
+    assert pages.open("book/01_qkv") is not second  # a read-only check after a change
+    third = pages.visit
+    assert pages.open("book/01_qkv", fresh=True) is not third  # its own load's records
+    assert pages.open("zh/01_qkv") is not pages.open("book/01_qkv")  # another page
+    assert browser.loads == ["http://site/book/01_qkv.html"] * 4 + [
+        "http://site/zh/01_qkv.html",
+        "http://site/book/01_qkv.html",
+    ]
+    assert sum(not p.closed for p in browser.pages) == 1
+    browser.fail = True  # a page that fails to load is closed, and not handed on
+    with pytest.raises(TimeoutError):
+        pages.open("book/02_scaled")
+    assert pages.visit is None and all(p.closed for p in browser.pages)
+    browser.fail = False
+    pages.open("book/02_scaled")
+    pages.close()
+    assert pages.visit is None and all(p.closed for p in browser.pages)

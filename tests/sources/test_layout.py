@@ -79,9 +79,9 @@ def test_an_exercise_file_not_named_for_a_chapter_is_rejected(name):
 
 
 # Under xdist the Colab simulation is one work unit and the grading tests another, each
-# run on one worker test after test (tests/conftest.py GROUPS, GroupScheduling). An
-# ``xdist_group`` mark would not group anything (pytest-xdist 3.8 under pytest 9), so none
-# may stand in for it.
+# run on one worker test after test (tests/conftest.py GROUPS, GroupScheduling), and the
+# browser tests of one page of the site one unit a page. An ``xdist_group`` mark would
+# not group anything (pytest-xdist 3.8 under pytest 9), so none may stand in for it.
 _GROUP_MARK = re.compile(r"xdist_group\(")
 
 
@@ -93,11 +93,101 @@ def test_the_grouped_modules_are_one_work_unit_each_and_nothing_else_is():
         assert (ROOT / module).is_file(), module
         assert conftest.work_unit(f"{module}::test_x[01_qkv]") == group
     for nodeid in (
-        "tests/site/test_site.py::test_links[01_qkv]",
+        "tests/site/test_site.py::test_links[01_qkv]",  # reads files: no page to share
         "tests/slow/test_scripts.py::test_x",
+        "tests/slow/test_scripts.py::test_x[01_qkv]",
         "tests/slow/test_colab.py.bak::test_x",  # a name that only starts like one
+        "tests/site/test_browser.py.bak::test_x[01_qkv]",
+        "tests/site/test_browser.py::test_checks_reject_a_broken_page",  # no page
+        "tests/site/test_browser.py::TestX::test_x[01_qkv]",  # a class's test
+        "tests/site/test_browser.py::test_x[01_qkv[1]]",
+        "tests/site/test_browser.py::test_x[zh/01_qkv]",  # not browsing.short's id
+        "tests/site/test_browser.py::test_x[]",
     ):
         assert conftest.work_unit(nodeid) == nodeid  # known wrong: not grouped
+
+
+def test_a_pages_browser_tests_are_one_work_unit():
+    import conftest
+
+    for module in conftest.PAGE_MODULES:
+        assert (ROOT / module).is_file(), module
+    units = {
+        conftest.work_unit(f"{module}::{test}[{page}]")
+        for module in conftest.PAGE_MODULES
+        for test in conftest.PAGE_TEST_ORDER
+        for page in ("01_qkv", "zh-01_qkv")
+    }
+    assert units == {"site:01_qkv", "site:zh-01_qkv"}
+    assert conftest.work_unit("tests/site/test_a11y.py::test_x[zh-search]") == (
+        "site:zh-search"
+    )
+
+
+def test_every_test_in_the_page_order_exists():
+    """A test renamed in its module but not in PAGE_TEST_ORDER would run after the tests
+    that change the page, and on a page loaded again: still right, but slower."""
+    import conftest
+
+    sources = "".join((ROOT / m).read_text() for m in conftest.PAGE_MODULES)
+    missing = [
+        name for name in conftest.PAGE_TEST_ORDER if f"def {name}(" not in sources
+    ]
+    assert not missing, missing
+    assert len(set(conftest.PAGE_TEST_ORDER)) == len(conftest.PAGE_TEST_ORDER)
+
+
+def test_unit_order_runs_a_pages_tests_together_the_first_check_first():
+    import conftest
+
+    browser, a11y = "tests/site/test_browser.py", "tests/site/test_a11y.py"
+    nodeids = [
+        "tests/lib/test_x.py::test_a",
+        f"{a11y}::test_no_serious_or_critical_axe_violation[01_qkv]",
+        f"{a11y}::test_no_serious_or_critical_axe_violation[02_x]",
+        f"{a11y}::test_something_else",
+        f"{browser}::test_every_solution_starts_hidden_and_opens_on_click[01_qkv]",
+        f"{browser}::test_page_loads_cleanly_and_stays_on_this_host[02_x]",
+        f"{browser}::test_new_check[01_qkv]",  # not in PAGE_TEST_ORDER: last
+        f"{browser}::test_page_loads_cleanly_and_stays_on_this_host[01_qkv]",
+        f"{browser}::test_every_animation_plays[01_qkv]",
+        "tests/lib/test_x.py::test_b",
+    ]
+    ordered = [nodeids[i] for i in conftest.unit_order(nodeids)]
+    assert sorted(ordered) == sorted(nodeids)
+    assert [n.split("::")[1] for n in ordered] == [
+        "test_a",
+        "test_page_loads_cleanly_and_stays_on_this_host[01_qkv]",
+        "test_no_serious_or_critical_axe_violation[01_qkv]",
+        "test_every_animation_plays[01_qkv]",
+        "test_every_solution_starts_hidden_and_opens_on_click[01_qkv]",
+        "test_new_check[01_qkv]",
+        "test_page_loads_cleanly_and_stays_on_this_host[02_x]",
+        "test_no_serious_or_critical_axe_violation[02_x]",
+        "test_something_else",
+        "test_b",
+    ]
+    assert conftest.unit_order([]) == []
+
+
+def test_the_grouped_units_are_handed_out_first_whatever_their_size():
+    from collections import OrderedDict
+
+    import conftest
+
+    def queue(sizes):
+        return OrderedDict((u, dict.fromkeys(range(n), False)) for u, n in sizes)
+
+    # xdist's order (largest first): a page's unit larger than the Colab one
+    workqueue = queue([("grading", 45), ("site:01_qkv", 20), ("colab", 16), ("t", 1)])
+    conftest.first_units(workqueue)
+    assert list(workqueue) == ["grading", "colab", "site:01_qkv", "t"]
+    workqueue = queue([("site:01_qkv", 60), ("t", 1), ("colab", 50), ("grading", 5)])
+    conftest.first_units(workqueue)
+    assert list(workqueue) == ["colab", "grading", "site:01_qkv", "t"]
+    workqueue = queue([("site:01_qkv", 9), ("t", 1)])  # neither: nothing moves
+    conftest.first_units(workqueue)
+    assert list(workqueue) == ["site:01_qkv", "t"]
 
 
 def test_no_test_relies_on_an_xdist_group_mark():
