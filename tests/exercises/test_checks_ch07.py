@@ -15,6 +15,7 @@ from transformer_course.exercises import (
     check_quantize_int8,
     check_repeat_kv,
     check_streaming_attention,
+    pitfalls,
     set_language,
 )
 from transformer_course.flash import online_softmax
@@ -25,7 +26,7 @@ def stub(*args):
     raise NotImplementedError("your code here")
 
 
-def streaming(q, k, v, keep, block, rescale_output=True):  # the chapter's solution
+def streaming(q, k, v, keep, block):  # the chapter's solution
     m, l, acc = -math.inf, 0.0, torch.zeros(v.shape[-1])
     s = (k @ q / math.sqrt(q.shape[-1])).masked_fill(~keep, -math.inf)
     for j in range(0, len(s), block):
@@ -34,7 +35,7 @@ def streaming(q, k, v, keep, block, rescale_output=True):  # the chapter's solut
         p = torch.exp(s[j : j + block] - shift)
         alpha = math.exp(m - shift)
         l = l * alpha + p.sum().item()
-        acc = (acc * alpha if rescale_output else acc) + p @ v[j : j + block]
+        acc = acc * alpha + p @ v[j : j + block]
         m = m_new
     return acc / l if l > 0 else acc
 
@@ -101,9 +102,7 @@ def test_streaming_attention_check():
     assert check_streaming_attention(streaming)
     assert check_streaming_attention(stub) is False
     with pytest.raises(CheckError, match="partial output is not rescaled"):
-        check_streaming_attention.strict(
-            lambda q, k, v, keep, b: streaming(q, k, v, keep, b, rescale_output=False)
-        )
+        check_streaming_attention.strict(pitfalls.streaming_attention_no_output_rescale)
 
 
 @pytest.mark.parametrize("block", [1, 2, 3, 5, 7, 13])
@@ -272,7 +271,7 @@ TRIAL = [
     ),
     (
         check_streaming_attention,
-        lambda q, k, v, keep, b: streaming(q, k, v, keep, b, rescale_output=False),
+        pitfalls.streaming_attention_no_output_rescale,
         "partial output is not rescaled",
     ),
     (check_streaming_attention, _streaming_variant(factor="new"), "Which way round"),

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 
 from transformer_course.attention import repeat_kv
+from transformer_course.exercises import pitfalls
 from transformer_course.exercises._common import (
     ShapeError,
     Tensor,
@@ -145,19 +146,6 @@ def _attend(q, k, v, keep, scale=True):
     return torch.softmax(s.masked_fill(~keep, -math.inf), 0) @ v
 
 
-def _stream_no_output_rescale(q, k, v, keep, block):
-    m, l, acc = -math.inf, 0.0, torch.zeros(v.shape[1])
-    s = (k @ q / math.sqrt(q.shape[0])).masked_fill(~keep, -math.inf)
-    for j in range(0, len(s), block):
-        m_new = max(m, s[j : j + block].max().item())
-        shift = m_new if m_new > -math.inf else 0.0
-        p = torch.exp(s[j : j + block] - shift)
-        l = l * math.exp(m - shift) + p.sum().item()
-        acc = acc + p @ v[j : j + block]  # bug: acc not rescaled
-        m = m_new
-    return acc / l if l > 0 else acc
-
-
 def _keep(pattern: str) -> Tensor:
     """A key padding mask (S,) from a string: "1" = kept, "0" = masked."""
     return torch.tensor([c == "1" for c in pattern])
@@ -237,7 +225,7 @@ def check_streaming_attention(fn: Callable[..., Tensor]) -> bool:
 def _name_streaming_mistake(out, q, k, v, keep, block, pattern) -> None:
     """Fail with the mistake an output other than the right one matches, if any."""
     s, d = k.shape
-    if close(out, _stream_no_output_rescale(q, k, v, keep, block)):
+    if close(out, pitfalls.streaming_attention_no_output_rescale(q, k, v, keep, block)):
         fail(
             "the partial output is not rescaled when the running maximum grows",
             "acc holds sum exp(s_j - m) v_j for the OLD m: multiply it by "

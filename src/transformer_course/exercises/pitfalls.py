@@ -371,3 +371,21 @@ def soft_target_one_sided(s: Tensor, t: Tensor, T: float) -> Tensor:
     teacher's targets ``t`` are not softened (Hinton et al. 2015, section 2)."""
     p = torch.softmax(t, -1)
     return T * T * (p * (p.log() - torch.log_softmax(s / T, -1))).sum(-1).mean()
+
+
+def streaming_attention_no_output_rescale(q, k, v, keep, block):
+    """Chapter 7's streamed attention for one query, q (d,), k (S, d), v (S, d_v), with
+    a key padding mask keep (S,), that rescales the running sum but not the partial
+    output when the running maximum grows: each block's contribution keeps the scale
+    of the maximum it was computed with (FlashAttention's online softmax, Dao et al.
+    2022, Algorithm 1, without the factor exp(m - m_new) on the output). Returns (d_v,)."""
+    m, l, acc = -math.inf, 0.0, torch.zeros(v.shape[1])
+    s = (k @ q / math.sqrt(q.shape[0])).masked_fill(~keep, -math.inf)
+    for j in range(0, len(s), block):
+        m_new = max(m, s[j : j + block].max().item())
+        shift = m_new if m_new > -math.inf else 0.0
+        p = torch.exp(s[j : j + block] - shift)
+        l = l * math.exp(m - shift) + p.sum().item()
+        acc = acc + p @ v[j : j + block]  # bug: acc not rescaled
+        m = m_new
+    return acc / l if l > 0 else acc
