@@ -219,3 +219,21 @@ def test_time_by_file_adds_every_phase_of_a_files_tests():
         ("tests/a.py", 6.0, 2),
     ]
     assert conftest.time_by_file([]) == []
+
+
+def modules_missing_from(readme: str, package: Path = PACKAGE) -> list[str]:
+    """Library modules (and viz's) that README's module table does not name in
+    backquotes: the table says what each module holds, so a new one goes in it."""
+    files = [*package.glob("*.py"), *(package / "viz").glob("*.py")]
+    names = sorted({p.stem for p in files if p.stem != "__init__"})
+    return [name for name in names if f"`{name}`" not in readme]
+
+
+def test_readme_names_every_library_module():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert modules_missing_from(readme) == []
+    # a table without viz's modules, and one without `kv_cache`, are caught
+    assert "plots" in modules_missing_from(readme.replace("`plots`", "plots"))
+    assert modules_missing_from(readme.replace("`kv_cache`", "kv_cache")) == [
+        "kv_cache"
+    ]
