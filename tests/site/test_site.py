@@ -4,6 +4,7 @@ nothing from another host."""
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -35,10 +36,22 @@ def page_path(site: Path, name: str) -> Path:
     )
 
 
+@functools.cache
+def _parsed(path: Path, mtime_ns: int) -> BeautifulSoup:
+    """A built page parsed once per worker (and again only when it changes on disk):
+    every test reads a page's tree, none changes it, and parsing a 1-1.5 MB chapter
+    page was most of this file's time (each page's tests parsed it 6 to 9 times)."""
+    return BeautifulSoup(path.read_text(), "html.parser")
+
+
+def parsed(path: Path) -> BeautifulSoup:
+    return _parsed(path, path.stat().st_mtime_ns)
+
+
 def page(site: Path, name: str) -> BeautifulSoup:
     path = page_path(site, name)
     assert path.exists(), f"{path} was not built"
-    return BeautifulSoup(path.read_text(), "html.parser")
+    return parsed(path)
 
 
 def outputs(soup: BeautifulSoup):
@@ -171,7 +184,7 @@ ZH_PAGES = [
 def zh_page(site: Path, name: str) -> BeautifulSoup:
     path = site / "zh" / f"{name}.html"
     assert path.exists(), f"{path} was not built (tools/build_book.py --edition zh)"
-    return BeautifulSoup(path.read_text(), "html.parser")
+    return parsed(path)
 
 
 def broken_links(html_file: Path, soup: BeautifulSoup) -> list[str]:
@@ -197,7 +210,7 @@ def test_chinese_page_is_built_in_chinese(site, name):
 def test_each_edition_links_to_the_other(site, name):
     to_english = [a["href"] for a in zh_page(site, name).select("p.edition-link a")]
     assert to_english == [f"../book/{name}.html"]
-    english = BeautifulSoup((site / "book" / f"{name}.html").read_text(), "html.parser")
+    english = parsed(site / "book" / f"{name}.html")
     to_chinese = [a["href"] for a in english.select("p.edition-link a")]
     assert to_chinese == [f"../zh/{name}.html"]
 
