@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from transformer_course import _validation
+
 Tensor = torch.Tensor
 
 
@@ -50,7 +52,8 @@ class KVCache:
             like ``StaticCache``).
 
     Raises:
-        ValueError: ``capacity`` < 1; in ``update``, k and v that are not 4-d or
+        TypeError: a ``capacity`` that is not an int. ValueError: ``capacity`` < 1; in
+            ``update``, k and v that are not 4-d or
             disagree in (B, H, S_new), or that differ from the cached tensors in
             B, H, d_k, d_v, dtype or device (a ``reset`` cache accepts new ones), or
             a write past the capacity with ``grow=False``; in ``reorder``, an index
@@ -58,8 +61,7 @@ class KVCache:
     """
 
     def __init__(self, capacity: int = 64, *, grow: bool = True):
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-            raise ValueError(f"capacity: expected an int >= 1, got {capacity!r}")
+        _validation.positive_int("capacity", capacity)
         self.capacity, self.grow = capacity, grow
         self._k: Tensor | None = None  # (B, H, capacity, d_k), filled up to length
         self._v: Tensor | None = None  # (B, H, capacity, d_v)

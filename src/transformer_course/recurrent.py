@@ -33,6 +33,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from transformer_course import _validation
 from transformer_course.additive import additive_attention
 from transformer_course.data import BOS_ID, EOS_ID
 from transformer_course.training import evaluating
@@ -66,15 +67,12 @@ def copy_batch(
         ``tgt[:, 1:]``.
 
     Raises:
-        ValueError: a size below its minimum, naming the argument.
+        ValueError: a size below its minimum, naming the argument. TypeError: a size
+            that is not an int.
     """
-    for name, value, low in (
-        ("batch_size", batch_size, 1),
-        ("length", length, 1),
-        ("vocab_size", vocab_size, FIRST_SYMBOL + 1),
-    ):
-        if not isinstance(value, int) or value < low:
-            raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+    _validation.positive_int("batch_size", batch_size)
+    _validation.positive_int("length", length)
+    _validation.positive_int("vocab_size", vocab_size, FIRST_SYMBOL + 1)
     src = torch.randint(
         FIRST_SYMBOL, vocab_size, (batch_size, length), generator=generator
     )

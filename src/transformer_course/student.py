@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from transformer_course import _validation
 from transformer_course.device import seeded
 from transformer_course.distill import (
     attention_kl,
@@ -109,13 +110,12 @@ def teacher_targets(
         A list of ``DistillBatch``.
 
     Raises:
-        ValueError: no lines, or batch_size < 1.
+        ValueError: no lines, or batch_size < 1. TypeError: a batch_size that is not
+            an int.
     """
-    if len(lines) == 0 or not (isinstance(batch_size, int) and batch_size >= 1):
-        raise ValueError(
-            f"lines, batch_size: expected >= 1 line and batch_size >= 1, got "
-            f"{len(lines)} lines and batch_size={batch_size!r}"
-        )
+    if len(lines) == 0:
+        raise ValueError("lines: expected at least 1 line, got none")
+    _validation.positive_int("batch_size", batch_size)
     device = next(teacher.parameters()).device
     by_length = sorted(lines, key=len)
     out = []
@@ -152,12 +152,12 @@ def make_student(teacher, *, n_layers: int = 2, init_from=None, seed: int = 0):
 
     Raises:
         ValueError: n_layers < 1, or init_from of another length or out of range.
+            TypeError: an n_layers that is not an int.
 
     Source: Sanh et al. 2019, section 3 (initialisation from the teacher's layers).
     """
     n_teacher = len(teacher.layers)
-    if not (isinstance(n_layers, int) and n_layers >= 1):
-        raise ValueError(f"n_layers: expected an int >= 1, got {n_layers!r}")
+    _validation.positive_int("n_layers", n_layers)
     if init_from is not None and (
         len(init_from) != n_layers or not all(0 <= i < n_teacher for i in init_from)
     ):

@@ -200,6 +200,8 @@ def test_kv_cache_overflow_raises_without_grow_and_grows_with_it():
     assert torch.equal(grows.update(k, k)[0], k)  # a first chunk past the capacity
     with pytest.raises(ValueError, match="capacity"):
         KVCache(0)
+    with pytest.raises(TypeError, match="capacity: expected an int, got float"):
+        KVCache(64.0)
 
 
 def test_second_generation_after_reset_equals_a_fresh_one(tiny_config):

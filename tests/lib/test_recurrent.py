@@ -57,6 +57,8 @@ def test_copy_batch_rejects_bad_sizes(kwargs, name):
     args = {"batch_size": 2, "length": 3, "vocab_size": V} | kwargs
     with pytest.raises(ValueError, match=name):
         copy_batch(**args)
+    with pytest.raises(TypeError, match=f"{name}: expected an int, got float"):
+        copy_batch(**(args | {name: 2.0}))
 
 
 def test_copy_batches_draws_lengths_in_range():

@@ -96,6 +96,8 @@ def test_make_student_copies_layers_and_freezes_embeddings():
         make_student(teacher, init_from=(0,))
     with pytest.raises(ValueError, match="n_layers"):
         make_student(teacher, n_layers=0)
+    with pytest.raises(TypeError, match="n_layers: expected an int, got bool"):
+        make_student(teacher, n_layers=True)
 
 
 def test_student_loss_is_zero_for_a_copy_of_the_teacher():
@@ -131,6 +133,8 @@ def test_teacher_targets_sorts_by_length_and_rejects_bad_input():
     )
     with pytest.raises(ValueError, match="batch_size"):
         teacher_targets(teacher, LINES, batch_size=0)
+    with pytest.raises(TypeError, match="batch_size: expected an int, got float"):
+        teacher_targets(teacher, LINES, batch_size=8.0)
     with pytest.raises(ValueError, match="lines"):
         teacher_targets(teacher, [])
 
