@@ -107,9 +107,11 @@ def bool_tensor(name: str, mask) -> None:
         )
 
 
-def qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
+def qkv(q: Tensor, k: Tensor, v: Tensor, *, grouped: bool = False) -> None:
     """Queries (..., T, d_k), keys (..., S, d_k) and values (..., S, d_v) that agree:
-    one float dtype, one d_k, one S, the same leading (batch, head) dimensions."""
+    one float dtype, one d_k, one S, the same leading (batch, head) dimensions. With
+    ``grouped``, q (B, H, T, d_k) may come with k and v of H_kv heads (B, H_kv, S, d),
+    H_kv a divisor of H (grouped-query attention)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         float_tensor(name, x)
     if not (q.dtype == k.dtype == v.dtype):
@@ -126,11 +128,25 @@ def qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
             f"v: expected S = {k.shape[-2]} keys to match k (..., S, d_k) = "
             f"{tuple(k.shape)}, got v shape {tuple(v.shape)}"
         )
-    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
-        raise ValueError(
-            "q, k, v: expected the same leading (batch, head) dimensions, got "
-            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
+    if k.shape[:-2] == v.shape[:-2] and (
+        q.shape[:-2] == k.shape[:-2] or (grouped and _grouped_heads(q, k))
+    ):
+        return
+    groups = " (or H_kv key/value heads dividing H)" if grouped else ""
+    raise ValueError(
+        f"q, k, v: expected the same leading (batch, head) dimensions{groups}, got "
+        f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    )
+
+
+def _grouped_heads(q: Tensor, k: Tensor) -> bool:
+    """q (B, H, T, d) and k (B, H_kv, S, d) with H_kv a divisor of H."""
+    return (
+        q.dim() == k.dim() == 4
+        and q.shape[0] == k.shape[0]
+        and k.shape[-3] > 0
+        and q.shape[-3] % k.shape[-3] == 0
+    )
 
 
 def _broadcasts_to_scores(name: str, x: Tensor, scores_shape, examples: str) -> None:
@@ -200,10 +216,13 @@ def sequence(name: str, x, d_model: int) -> None:
 
 
 def query_key_value(query, key, value, d_model: int) -> None:
-    """query (B, T, D), key and value (B, S, D) for multi-head attention."""
+    """query (B, T, D), key and value (B, S, D) for multi-head attention (one tensor
+    passed three times, as in self-attention, is checked once)."""
     sequence("query", query, d_model)
-    sequence("key", key, d_model)
-    sequence("value", value, d_model)
+    if key is not query:
+        sequence("key", key, d_model)
+    if value is not key:
+        sequence("value", value, d_model)
     if key.shape[:2] != value.shape[:2] or key.shape[0] != query.shape[0]:
         raise ValueError(
             "query, key, value: expected (B, T, D), (B, S, D), (B, S, D), got "

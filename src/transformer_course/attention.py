@@ -122,15 +122,19 @@ def sdpa_attention(
     """PyTorch's fused ``F.scaled_dot_product_attention`` behind this signature.
 
     Same arguments, checks and mask convention (True = may attend) as
-    ``scaled_dot_product_attention``. Fused kernels do not materialise the weights, so
+    ``scaled_dot_product_attention``; fused kernels do not materialise the weights, so
     the second return value is ``None``. Queries with no visible key get a zero output
     on every backend: PyTorch's SDPA returns zeros for them on CPU and CUDA since 2.5
     (pytorch/pytorch PR 133882) but NaN on MPS and in older versions, so their mask row
     is opened before the call and their output zeroed after, and no NaN reaches the
-    gradients either (pitfall P1). A ``bias`` goes to
-    PyTorch as a float ``attn_mask``, -inf where ``mask`` is False.
+    gradients either (pitfall P1). A ``bias`` goes to PyTorch as a float
+    ``attn_mask``, -inf where ``mask`` is False.
+
+    Grouped-query keys and values may come as they are: q (B, H, T, d_k) with k, v
+    (B, H_kv, S, d) for H_kv a divisor of H, query head h reading key/value head
+    h // (H / H_kv) without a copy of it per query head (PyTorch's ``enable_gqa``).
     """
-    _validation.qkv(q, k, v)
+    _validation.qkv(q, k, v, grouped=True)
     _validation.probability("dropout_p", dropout_p)
     scores_shape = (*q.shape[:-1], k.shape[-2])  # (..., T, S)
     _validation.bool_mask(mask, scores_shape)
@@ -144,9 +148,10 @@ def sdpa_attention(
         attn_mask = bias.to(q.dtype)
         if mask is not None:
             attn_mask = torch.where(mask, attn_mask, float("-inf"))  # (..., T, S)
+    gqa = q.shape[:-2] != k.shape[:-2]  # H_kv < H key/value heads
     out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale
-    )
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, enable_gqa=gqa
+    )  # (..., T, d_v)
     if has_key is not None:
         out = torch.where(has_key, out, torch.zeros_like(out))
     return out, None
@@ -162,6 +167,8 @@ ATTENTION_BACKENDS: dict[str, AttentionFn] = {
     "sdpa": sdpa_attention,
     "tiled": tiled_attention,
 }
+#: The backends that take grouped-query keys and values as they are (H_kv heads).
+GROUPED_KV_BACKENDS = frozenset({sdpa_attention})
 
 
 # --------------------------------------------------------------- multi-head attention
@@ -213,7 +220,9 @@ class MultiHeadAttention(nn.Module):
     head h (so are W^K, W^V).
     With ``n_kv_heads`` < H, groups of H / n_kv_heads query heads share a key/value head
     (grouped-query attention; 1 = multi-query): W^K, W^V and a KV cache shrink by that
-    factor, and each key/value head is repeated for its group (``repeat_kv``).
+    factor, and each key/value head is repeated for its group (``repeat_kv``), except
+    where the backend shares it without a copy: "sdpa" without ``mask`` and ``bias``
+    (``GROUPED_KV_BACKENDS``), as in every step of cached decoding of one sequence.
 
     Args:
         d_model: model width D, divisible by ``n_heads`` H (query heads) unless
@@ -324,8 +333,12 @@ class MultiHeadAttention(nn.Module):
         _validation.bool_mask(mask, (B, H, T, S))
         _validation.score_bias(bias, (B, H, T, S))
         _validation.head_gates(head_mask, B, H)
-        k = repeat_kv(k, H // k.shape[1])  # (B, H, S, d_k)
-        v = repeat_kv(v, H // v.shape[1])  # (B, H, S, d_k)
+        # Masked or biased, PyTorch's CUDA kernels take no grouped heads (they fall back
+        # to the slow one; Hugging Face's use_gqa_in_sdpa): repeat the heads then.
+        shared = attend in GROUPED_KV_BACKENDS and mask is None and bias is None
+        if not shared:
+            k = repeat_kv(k, H // k.shape[1])  # (B, H, S, d_k)
+            v = repeat_kv(v, H // v.shape[1])  # (B, H, S, d_k)
         p = self.dropout if self.training else 0.0
         out, weights = attend(q, k, v, mask, bias=bias, dropout_p=p)  # (B, H, T, d_k)
         if head_mask is not None:

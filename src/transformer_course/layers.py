@@ -40,12 +40,20 @@ FEED_FORWARDS = (*ACTIVATIONS, "swiglu")  # a FeedForward activation, or SwiGLU
 NORMS = ("layer", "rms")  # LayerNorm (2017) or RMSNorm (LLaMA)
 
 
+def apply_dropout(module: nn.Dropout, x: Tensor) -> Tensor:
+    """``module(x)``, without the call where it is the identity (eval mode, or p = 0):
+    a model runs several per layer, and at one token a step their calls cost time."""
+    return module(x) if module.training and module.p > 0 else x
+
+
 class RMSNorm(nn.Module):
     """Root mean square normalization: y = x / sqrt(mean(x^2) + eps) * g.
 
     Unlike LayerNorm it neither subtracts the mean nor adds a bias: one statistic
     instead of two, and a learned gain g (``weight``, D) only. Computed in float32 and
-    cast back, as LLaMA does, so half-precision inputs do not overflow in x^2.
+    cast back, as LLaMA does, so half-precision inputs do not overflow in x^2. In
+    float32 the same steps run as one call of PyTorch's ``F.rms_norm`` (on the CPU bit
+    for bit the same result, without a Python call per step).
 
     Args: d_model D, eps (1e-5 in SmolLM2, 1e-6 in LLaMA). Shapes: (..., D) -> (..., D).
     Raises ValueError if the last dimension of the input is not D.
@@ -65,6 +73,8 @@ class RMSNorm(nn.Module):
             raise ValueError(
                 f"x: expected (..., {self.weight.shape[0]}), got {tuple(x.shape)}"
             )
+        if x.dtype == self.weight.dtype == torch.float32:  # the steps below, fused
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)  # (..., D)
         return self.weight * h.to(x.dtype)
@@ -99,7 +109,7 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         hidden = F.silu(self.gate_proj(x)) * self.up_proj(x)  # (..., d_ff)
-        return self.down_proj(self.dropout(hidden))
+        return self.down_proj(apply_dropout(self.dropout, hidden))
 
 
 def make_norm(kind: str, d_model: int, eps: float) -> nn.Module:
@@ -134,7 +144,8 @@ class FeedForward(nn.Module):
         self.activation = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.linear2(self.dropout(self.activation(self.linear1(x))))
+        hidden = self.activation(self.linear1(x))  # (..., d_ff)
+        return self.linear2(apply_dropout(self.dropout, hidden))
 
 
 class TransformerLayer(nn.Module):
@@ -243,7 +254,8 @@ class TransformerLayer(nn.Module):
             positions=positions,
             head_mask=head_mask,
         )
-        drop, ln_self, ln_ff = self.dropout, self.self_attn_norm, self.ff_norm
+        drop = partial(apply_dropout, self.dropout)  # on each sub-layer's output
+        ln_self, ln_ff = self.self_attn_norm, self.ff_norm
         ln_cross = self.cross_attn_norm
         if self.norm_first:  # pre-norm: x + f(LN(x))
             x = x + drop(attend_self(ln_self(x)))
@@ -258,7 +270,9 @@ class TransformerLayer(nn.Module):
         return x  # (B, T, D)
 
     def _self_attend(self, h: Tensor, mask: Tensor | None, **kw) -> Tensor:
-        out, self.self_attn_weights = self.self_attn(h, h, h, mask, **kw)  # (B, T, D)
+        out, weights = self.self_attn(h, h, h, mask, **kw)  # (B, T, D)
+        if weights is not None or self.self_attn_weights is not None:
+            self.self_attn_weights = weights  # (nn.Module's setattr is slow: if new)
         return out
 
     def _cross_attend(self, h: Tensor, memory: Tensor, mask: Tensor | None) -> Tensor:

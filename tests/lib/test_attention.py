@@ -15,13 +15,19 @@ from torch import nn
 
 from transformer_course import (
     ATTENTION_BACKENDS,
+    attention,
     causal_mask,
     from_key_padding_mask,
     padding_mask,
     scaled_dot_product_attention,
 )
 from transformer_course.additive import additive_attention
-from transformer_course.attention import MultiHeadAttention, masked_softmax, repeat_kv
+from transformer_course.attention import (
+    MultiHeadAttention,
+    masked_softmax,
+    repeat_kv,
+    sdpa_attention,
+)
 from transformer_course.interop import from_torch_mha, load_torch_mha
 from transformer_course.kv_cache import KVCache
 
@@ -815,6 +821,58 @@ def test_gqa_matches_pytorch_enable_gqa(n_kv_heads, backend):
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     ref = gqa.out_proj(ref.transpose(1, 2).reshape(2, 9, d_model))  # (B, T, D)
     assert max_err(out, ref) < 1e-5
+
+
+@param("n_kv_heads", [2, 3])
+@param("masked", [False, True])
+def test_sdpa_takes_grouped_kv_heads_as_they_are(n_kv_heads, masked):
+    q = torch.randn(2, 6, 4, 8)  # (B, H, T, d_k)
+    k, v = torch.randn(2, n_kv_heads, 5, 8), torch.randn(2, n_kv_heads, 5, 3)
+    mask = _random_mask((2, 1, 4, 5)) if masked else None
+    out, _ = sdpa_attention(q, k, v, mask)
+    n_rep = 6 // n_kv_heads
+    ref, _ = scaled_dot_product_attention(
+        q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask
+    )
+    assert max_err(out, ref) < 1e-6
+    tiled, _ = sdpa_attention(
+        q, k.repeat(1, n_rep, 1, 1), v.repeat(1, n_rep, 1, 1), mask
+    )
+    assert max_err(tiled, ref) > 1e-3  # known wrong: heads tiled, not grouped
+
+
+def test_grouped_kv_heads_must_divide_the_query_heads():
+    q, kv3 = torch.randn(1, 6, 4, 8), torch.randn(1, 3, 5, 8)
+    assert sdpa_attention(q, kv3, kv3)[0].shape == (1, 6, 4, 8)
+    kv4 = torch.randn(1, 4, 5, 8)
+    with pytest.raises(
+        ValueError, match=r"H_kv key/value heads dividing H.*\(1, 4, 5, 8\)"
+    ):
+        sdpa_attention(q, kv4, kv4)
+    for fn in (scaled_dot_product_attention, ATTENTION_BACKENDS["tiled"]):
+        with pytest.raises(ValueError, match="the same leading"):  # H heads only
+            fn(q, kv3, kv3)
+
+
+def test_gqa_decoding_on_sdpa_shares_kv_heads_without_a_copy(monkeypatch):
+    naive = MultiHeadAttention(32, 4, n_kv_heads=2).eval()
+    fused = MultiHeadAttention(32, 4, n_kv_heads=2, backend="sdpa").eval()
+    fused.load_state_dict(naive.state_dict())
+    copies = []
+    monkeypatch.setattr(
+        attention, "repeat_kv", lambda x, n: copies.append(n) or repeat_kv(x, n)
+    )
+    x, caches = torch.randn(1, 6, 32), (KVCache(), KVCache())
+    fused(x[:, :3], x[:, :3], x[:, :3], causal_mask(3), cache=caches[0])
+    naive(x[:, :3], x[:, :3], x[:, :3], causal_mask(3), cache=caches[1])
+    assert copies == [2, 2, 2, 2]  # masked: repeated on every backend (CUDA's kernels)
+    for t in range(3, 6):  # one token a step, no mask: every key is visible
+        step, before = x[:, t : t + 1], len(copies)
+        out, _ = fused(step, step, step, cache=caches[0])
+        assert len(copies) == before  # the grouped heads went to PyTorch as they are
+        ref, _ = naive(step, step, step, cache=caches[1])
+        assert len(copies) == before + 2  # known wrong: the naive backend copies them
+        assert max_err(out, ref) < 1e-6
 
 
 @param("n_kv_heads", [1, 2])

@@ -29,6 +29,27 @@ def test_rmsnorm_matches_torch_and_hf():
     assert (norm(x) - layer).abs().max() > 1e-2
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_rmsnorm_is_its_formula_bit_for_bit(dtype):
+    x = (torch.randn(3, 5, 16) * 4 + 1).to(dtype)
+    norm = RMSNorm(16, eps=1e-6).to(dtype)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    h = x.float()
+    formula = norm.weight * (
+        h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+    ).to(dtype)
+    assert torch.equal(norm(x), formula)  # float32: PyTorch's fused rms_norm
+    assert not torch.equal(norm(x), norm.weight * x)  # known wrong: not normalised
+
+
+def test_layer_dropout_only_in_training():
+    layer = TransformerLayer(32, 4, 64, dropout=0.5, norm="rms", activation="swiglu")
+    x = torch.randn(2, 5, 32)
+    assert not torch.equal(layer.train()(x), layer(x))  # each call draws anew
+    assert torch.equal(layer.eval()(x), layer(x))
+
+
 def test_rmsnorm_raises_on_wrong_width():
     with pytest.raises(ValueError, match=r"\(\.\.\., 16\)"):
         RMSNorm(16)(torch.randn(2, 8))
