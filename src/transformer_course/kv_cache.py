@@ -52,8 +52,8 @@ class KVCache:
             like ``StaticCache``).
 
     Raises:
-        TypeError: a ``capacity`` that is not an int. ValueError: ``capacity`` < 1; in
-            ``update``, k and v that are not 4-d or
+        TypeError: a ``capacity`` that is not an int.
+        ValueError: ``capacity`` < 1; in ``update``, k and v that are not 4-d or
             disagree in (B, H, S_new), or that differ from the cached tensors in
             B, H, d_k, d_v, dtype or device (a ``reset`` cache accepts new ones), or
             a write past the capacity with ``grow=False``; in ``reorder``, an index

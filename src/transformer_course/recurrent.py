@@ -67,8 +67,8 @@ def copy_batch(
         ``tgt[:, 1:]``.
 
     Raises:
-        ValueError: a size below its minimum, naming the argument. TypeError: a size
-            that is not an int.
+        ValueError: a size below its minimum, naming the argument.
+        TypeError: a size that is not an int.
     """
     _validation.positive_int("batch_size", batch_size)
     _validation.positive_int("length", length)

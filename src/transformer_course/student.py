@@ -110,8 +110,8 @@ def teacher_targets(
         A list of ``DistillBatch``.
 
     Raises:
-        ValueError: no lines, or batch_size < 1. TypeError: a batch_size that is not
-            an int.
+        ValueError: no lines, or batch_size < 1.
+        TypeError: a batch_size that is not an int.
     """
     if len(lines) == 0:
         raise ValueError("lines: expected at least 1 line, got none")
@@ -152,7 +152,7 @@ def make_student(teacher, *, n_layers: int = 2, init_from=None, seed: int = 0):
 
     Raises:
         ValueError: n_layers < 1, or init_from of another length or out of range.
-            TypeError: an n_layers that is not an int.
+        TypeError: an n_layers that is not an int.
 
     Source: Sanh et al. 2019, section 3 (initialisation from the teacher's layers).
     """
