@@ -277,25 +277,28 @@ def generate(
     capacity = ids.shape[1] + max_new_tokens  # known before the first step
     caches = new_caches(model, capacity, cache=cache) if use_cache else None
     step_in = ids  # the whole prompts first, then (with a cache) one token a step
-    for _ in range(max_new_tokens):
-        logits = model(
-            step_in, attention_mask=attention_mask, caches=caches, logits_to_keep=1
-        )[:, -1].float()  # (B, V): only the last position predicts the next token
-        if temperature == 0:
-            nxt = logits.argmax(-1)  # (B,)
-        else:
-            probs = F.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
-            nxt = torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B,)
-        nxt = nxt.masked_fill(done, model.cfg.pad_id)  # finished rows get padding
-        ids = torch.cat([ids, nxt[:, None]], dim=1)  # (B, T + 1)
-        if attention_mask is not None:  # a finished row's padding is no real token
-            attention_mask = torch.cat([attention_mask, ~done[:, None]], dim=1)
-        if stop is not None:
-            done |= torch.isin(nxt, stop)
-        if done.all():
-            break
-        step_in = nxt[:, None] if use_cache else ids  # (B, 1) or (B, T + 1)
-    return ids
+    with torch.inference_mode():  # no autograd bookkeeping at all: less per op
+        for _ in range(max_new_tokens):
+            logits = model(
+                step_in, attention_mask=attention_mask, caches=caches, logits_to_keep=1
+            )[:, -1].float()  # (B, V): only the last position predicts the next token
+            if temperature == 0:
+                nxt = logits.argmax(-1)  # (B,)
+            else:
+                probs = F.softmax(
+                    filter_logits(logits / temperature, top_k, top_p), dim=-1
+                )
+                nxt = torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B,)
+            nxt = nxt.masked_fill(done, model.cfg.pad_id)  # finished rows get padding
+            ids = torch.cat([ids, nxt[:, None]], dim=1)  # (B, T + 1)
+            if attention_mask is not None:  # a finished row's padding is no real token
+                attention_mask = torch.cat([attention_mask, ~done[:, None]], dim=1)
+            if stop is not None:
+                done |= torch.isin(nxt, stop)
+            if done.all():
+                break
+            step_in = nxt[:, None] if use_cache else ids  # (B, 1) or (B, T + 1)
+    return ids.clone()  # a normal tensor again, which the caller may change in place
 
 
 def _sampling_args(top_k, top_p) -> None:

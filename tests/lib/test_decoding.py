@@ -681,3 +681,42 @@ def test_generate_without_mask_pads_finished_rows_and_keeps_the_others(tiny_conf
     n = int(hits[0]) + 1 if len(hits) else 6
     # row 1 goes on as it would alone
     assert torch.equal(out[1, 3 : 3 + n], free[1, 3 : 3 + n])
+
+
+def test_generate_runs_without_autograd_and_returns_a_normal_tensor(tiny_config):
+    """``generate`` decodes under ``torch.inference_mode``; what it returns is an
+    ordinary tensor (an inference tensor refuses in-place changes outside the mode)."""
+    lm = _lm_generate(tiny_config, "rope")
+    modes = []
+    lm.register_forward_hook(lambda *_: modes.append(torch.is_inference_mode_enabled()))
+    out = generate(lm, torch.tensor([[1, 2, 3]]), 4)
+    assert modes == [True] * 4  # known wrong: torch.no_grad alone gives False
+    assert not out.is_inference()
+    out[0, 0] = 5  # known wrong: an inference tensor raises RuntimeError here
+    assert out[0, 0] == 5
+
+
+def test_generate_looks_the_rotary_rows_up_once_a_forward(tiny_config, monkeypatch):
+    """The layers share one ``RotaryEmbedding``; under ``generate``'s inference mode
+    its cos/sin rows are still looked up once a forward, not once per layer for the
+    queries and again for the keys (inference tensors have no version counter: the
+    model keeps its positions a normal tensor)."""
+    torch.manual_seed(0)
+    lm = DecoderOnlyLM(tiny_config(positional="rope", n_layers=3, max_len=24)).eval()
+    rotary = lm.layers[0].self_attn.rotary
+    assert all(layer.self_attn.rotary is rotary for layer in lm.layers)
+    lookups = []
+    table = type(rotary)._table  # called by every lookup that misses the last rows
+    monkeypatch.setattr(
+        type(rotary),
+        "_table",
+        lambda self, n, dev: lookups.append(n) or table(self, n, dev),
+    )
+    generate(lm, torch.tensor([[1, 2, 3]]), 4)
+    assert len(lookups) == 4  # known wrong: 4 forwards x 3 layers x (q, k) = 24
+    lookups.clear()
+    with torch.inference_mode():  # a caller's inference tensor is looked up each time
+        p = torch.arange(3)
+        q = torch.randn(1, 4, 3, rotary.d_k)
+        rotary(q, q, p, p)
+    assert len(lookups) == 2
