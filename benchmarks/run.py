@@ -30,7 +30,8 @@ the machine it ran on and these ratios:
 - chapter 10's real LLM (``llm_bench.py``): the library's cached greedy decoding
   of SmolLM2-135M-Instruct against ``transformers``' ``generate`` on the same weights,
   and cached against uncached decoding at 256 new tokens, on one thread and all cores.
-  ``--only llm`` runs this alone and writes ``results-llm.json`` / ``results-llm.md``.
+  ``--only llm`` (and ``--only kv-cache``) run that section alone and merge it into
+  the full report, or write ``results-llm.json`` where ``--out`` has none.
 
 Numbers depend on the machine; the ratios are what to compare. Nothing here is a test
 of speed: the smoke run only checks that every measurement runs and is written.
@@ -1012,7 +1013,7 @@ def write_markdown(results: dict, path: Path) -> None:
     ]
     parts += [table(int8), ""]
     if "llm" in results:
-        parts += llm_bench.markdown(results["llm"], table)
+        parts += llm_bench.markdown(results["llm"], table, results.get("llm_command"))
     if "torchao error" in results["int8"]:
         parts += [f"torchao failed here: {results['int8']['torchao error']}", ""]
     parts += flash_backward_text(results["flash_backward"])
@@ -1072,58 +1073,31 @@ def lm_measurements(results: dict, smoke: bool, device):
     return model, val
 
 
-def kv_cache_alone(results: dict, out: Path, seconds: float) -> int:
-    """``--only kv-cache``: put the new KV-cache rows into the full report when there
-    is one (redoing its Goals table), else write ``results-kv-cache.json``."""
+LLM_THREADS = sorted({TIMING_THREADS, ALL_CORES})  # one thread, and all cores
+
+
+def merge_alone(results: dict, keys: tuple[str, ...], out: Path, seconds: float) -> int:
+    """``--only kv-cache`` / ``--only llm``: put the sections ``keys`` of ``results``
+    into the full report in ``out`` when there is one (its Goals table redone, the
+    command that measured them noted as ``<first key>_command`` and shown in their
+    section), else write them alone to ``results-<name>.json``."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.json"
     full = json.loads(path.read_text()) if path.exists() else {}
     if "attention" not in full:  # no full run to update
         results["seconds"], results["load"] = seconds, load_average()
-        path = out / "results-kv-cache.json"
+        name = results["command"].rsplit(" ", 1)[-1]  # "--only <name>"'s name
+        path = out / f"results-{name}.json"
         path.write_text(json.dumps(results, indent=2))
         print(f"wrote {path} in {seconds:.0f} s")
         return 0
-    full.update({k: results[k] for k in ("lm", "kv_cache", "kv_bytes")})
-    full["kv_cache_command"] = f"{results['command']}, {seconds:.0f} s"
+    full.update({k: results[k] for k in keys})
+    full[f"{keys[0]}_command"] = f"{results['command']}, {seconds:.0f} s"
     full["goals"] = goals(full)
     path.write_text(json.dumps(full, indent=2))
     write_markdown(full, out / "results.md")
-    print(f"updated the KV-cache rows of {out}/results.md and results.json")
-    return 0
-
-
-LLM_THREADS = sorted({TIMING_THREADS, ALL_CORES})  # one thread, and all cores
-
-
-def run_llm_only(smoke: bool, out: Path, device, start: float) -> int:
-    """``--only llm``: chapter 10's benchmark alone, into results-llm.{json,md}."""
-    result = {
-        "command": "python benchmarks/run.py --only llm"
-        + (" --smoke" if smoke else ""),
-        "machine": machine(device),
-        "llm": llm_bench.bench_llm(smoke, LLM_THREADS, threads, side_by_side),
-    }
-    result["seconds"] = time.perf_counter() - start
-    result["load"] = load_average()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results-llm.json").write_text(json.dumps(result, indent=2))
-    text = [
-        "# Benchmark: a real LLM (chapter 10)",
-        "",
-        (
-            f"Run: `{result['command']}`, {result['seconds']:.0f} s; load average "
-            f"(1, 5, 15 min) at the end: {result['load']} on "
-            f"{result['machine']['cpu_cores']} cores."
-        ),
-        "",
-        table([result["machine"]]),
-        "",
-        *llm_bench.markdown(result["llm"], table),
-    ]
-    (out / "results-llm.md").write_text("\n".join(text))
     print(
-        f"wrote {out}/results-llm.md and results-llm.json in {result['seconds']:.0f} s"
+        f"updated the {', '.join(keys)} sections of {out}/results.md and results.json"
     )
     return 0
 
@@ -1136,7 +1110,7 @@ def main(argv=None) -> int:
         "--only",
         choices=["flash-backward", "kv-cache", "llm"],
         help="run this measurement alone and merge it into the reports in --out "
-        "(llm: chapter 10's, into results-llm.json and .md)",
+        "(into results-<name>.json where --out has no full run)",
     )
     args = parser.parse_args(argv)
     from transformer_course.device import get_device
@@ -1147,8 +1121,6 @@ def main(argv=None) -> int:
     command = "python benchmarks/run.py" + (" --smoke" if smoke else "")
     if args.only == "flash-backward":
         return only_flash_backward(args, device, f"{command} --only {args.only}")
-    if args.only == "llm":
-        return run_llm_only(smoke, args.out, device, start)
     results = {
         "command": command + (f" --only {args.only}" if args.only else ""),
         "smoke": smoke,
@@ -1156,7 +1128,11 @@ def main(argv=None) -> int:
     }
     if args.only == "kv-cache":
         lm_measurements(results, smoke, device)
-        return kv_cache_alone(results, args.out, time.perf_counter() - start)
+        keys = ("kv_cache", "lm", "kv_bytes")
+        return merge_alone(results, keys, args.out, time.perf_counter() - start)
+    if args.only == "llm":
+        results["llm"] = llm_bench.bench_llm(smoke, LLM_THREADS, threads, side_by_side)
+        return merge_alone(results, ("llm",), args.out, time.perf_counter() - start)
     lengths = [64, 128] if smoke else [256, 512, 1024, 2048, 4096, 8192]
     sweep_t = 128 if smoke else 2048
     results["tile_sweep"] = bench_tile_sweep(

@@ -205,10 +205,25 @@ def test_table_shows_every_column(bench):
     assert text.splitlines()[2:] == ["| 1 | n/a |", "| 2 | n/a |"]
 
 
-def test_only_llm_runs_the_llm_benchmark_alone(bench, tmp_path):
+def test_only_llm_runs_the_llm_benchmark_alone_and_merges_it(
+    bench, tmp_path, monkeypatch
+):
     assert bench.main(["--only", "llm", "--smoke", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "results-llm.json").read_text())
-    assert result["llm"]["same_tokens"]
+    assert result["llm"]["same_tokens"] and result["llm"]["rounds"] == 2
     assert {r["torch threads"] for r in result["llm"]["rows"]} == set(bench.LLM_THREADS)
-    assert "library/transformers time" in (tmp_path / "results-llm.md").read_text()
     assert not (tmp_path / "results.json").exists()  # nothing else ran
+    text = "\n".join(bench.llm_bench.markdown(result["llm"], bench.table, "cmd"))
+    assert "library/transformers time" in text and "Measured alone: `cmd`" in text
+    full = _goals(llm={"rows": []}, kv_cache=[])
+    (tmp_path / "results.json").write_text(json.dumps(full))
+    calls = []
+    monkeypatch.setattr(bench, "write_markdown", lambda _, path: calls.append(path))
+    assert bench.main(["--only", "llm", "--smoke", "--out", str(tmp_path)]) == 0
+    updated = json.loads((tmp_path / "results.json").read_text())
+    assert len(updated["llm"]["rows"]) == len(bench.LLM_THREADS)  # known wrong: []
+    assert updated["llm_command"].startswith(
+        "python benchmarks/run.py --smoke --only llm"
+    )
+    assert calls == [tmp_path / "results.md"]
+    assert any("SmolLM2" in g["measure"] for g in updated["goals"])
