@@ -233,7 +233,9 @@ def generate(
     likely tokens and/or the smallest set whose probability reaches ``top_p``
     (``filter_logits``), renormalises and draws. Prompts of different lengths are
     **left**-padded and marked by ``attention_mask`` (Hugging Face's name and meaning:
-    True = real token); each row then generates what its prompt alone would.
+    True = real token); each row then generates what its prompt alone would. The steps
+    run under ``torch.inference_mode`` (no autograd records at all, less work per
+    operation than ``torch.no_grad``); the ids returned are an ordinary tensor.
 
     Args:
         model: a ``DecoderOnlyLM``.
