@@ -200,8 +200,11 @@ class KVCacheLike(Protocol):
 
 
 @torch.no_grad()
-def _keep_features(linear: nn.Linear, index: Tensor, dim: int) -> nn.Linear:
-    """A copy of ``linear`` keeping output rows (dim 0) or input columns (dim 1)."""
+def keep_features(linear: nn.Linear, index: Tensor, dim: int) -> nn.Linear:
+    """A new ``nn.Linear`` with the output rows (``dim`` 0) or the input columns
+    (``dim`` 1) ``index`` (1-d integer) of ``linear``'s weight (out, in), on its device
+    and dtype; the bias follows the output rows. Removing heads (``prune_heads``) and
+    feed-forward neurons (``prune.remove_ffn_neurons``) both come down to this."""
     w = linear.weight.index_select(dim, index)
     new = nn.Linear(w.shape[1], w.shape[0], bias=linear.bias is not None)
     new = new.to(w.device, w.dtype)
@@ -369,10 +372,10 @@ class MultiHeadAttention(nn.Module):
             )
         rows = torch.arange(self.n_heads * self.d_k, device=self.q_proj.weight.device)
         index = rows.view(self.n_heads, self.d_k)[keep].flatten()  # (H' * d_k,)
-        self.q_proj = _keep_features(self.q_proj, index, 0)
-        self.k_proj = _keep_features(self.k_proj, index, 0)
-        self.v_proj = _keep_features(self.v_proj, index, 0)
-        self.out_proj = _keep_features(self.out_proj, index, 1)
+        self.q_proj = keep_features(self.q_proj, index, 0)
+        self.k_proj = keep_features(self.k_proj, index, 0)
+        self.v_proj = keep_features(self.v_proj, index, 0)
+        self.out_proj = keep_features(self.out_proj, index, 1)
         self.n_heads = self.n_kv_heads = len(keep)
         self.pruned_heads |= heads
         return self

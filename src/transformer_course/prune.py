@@ -28,6 +28,7 @@ from torch import nn
 from torch.nn.utils import prune as torch_prune
 
 from transformer_course import _validation
+from transformer_course.attention import keep_features
 from transformer_course.distill import mean_pool
 from transformer_course.layers import FeedForward
 
@@ -322,19 +323,6 @@ def ffn_neuron_scores(ff: FeedForward) -> Tensor:
     return (w_in.norm(dim=1) * ff.linear2.weight.norm(dim=0)).detach()
 
 
-def _kept_linear(linear: nn.Linear, index: Tensor, dim: int) -> nn.Linear:
-    """A new ``nn.Linear`` with the output rows (dim 0) or input columns (dim 1)
-    ``index`` of ``linear`` (the bias follows the output rows)."""
-    weight = linear.weight.index_select(dim, index)
-    bias = linear.bias
-    new = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
-    new = new.to(weight.device, weight.dtype)
-    new.weight.copy_(weight)
-    if bias is not None:
-        new.bias.copy_(bias[index] if dim == 0 else bias)
-    return new
-
-
 @torch.no_grad()
 def remove_ffn_neurons(model, amount: float):
     """Remove the lowest-scoring share ``amount`` of every layer's feed-forward
@@ -347,8 +335,8 @@ def remove_ffn_neurons(model, amount: float):
         scores = ffn_neuron_scores(ff)
         n_keep = len(scores) - round(amount * len(scores))
         keep = scores.topk(n_keep).indices.sort().values
-        ff.linear1 = _kept_linear(ff.linear1, keep, 0)
-        ff.linear2 = _kept_linear(ff.linear2, keep, 1)
+        ff.linear1 = keep_features(ff.linear1, keep, 0)
+        ff.linear2 = keep_features(ff.linear2, keep, 1)
     return model
 
 
