@@ -284,13 +284,7 @@ def generate(
             logits = model(
                 step_in, attention_mask=attention_mask, caches=caches, logits_to_keep=1
             )[:, -1].float()  # (B, V): only the last position predicts the next token
-            if temperature == 0:
-                nxt = logits.argmax(-1)  # (B,)
-            else:
-                probs = F.softmax(
-                    filter_logits(logits / temperature, top_k, top_p), dim=-1
-                )
-                nxt = torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B,)
+            nxt = _next_token(logits, temperature, top_k, top_p, generator)  # (B,)
             nxt = nxt.masked_fill(done, model.cfg.pad_id)  # finished rows get padding
             ids = torch.cat([ids, nxt[:, None]], dim=1)  # (B, T + 1)
             if attention_mask is not None:  # a finished row's padding is no real token
@@ -301,6 +295,14 @@ def generate(
                 break
             step_in = nxt[:, None] if use_cache else ids  # (B, 1) or (B, T + 1)
     return ids.clone()  # a normal tensor again, which the caller may change in place
+
+
+def _next_token(logits: Tensor, temperature, top_k, top_p, generator) -> Tensor:
+    """Logits (B, V) -> token ids (B,): the most likely (temperature 0) or a draw."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = F.softmax(filter_logits(logits / temperature, top_k, top_p), dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 
 def _sampling_args(top_k, top_p) -> None:
