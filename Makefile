@@ -62,9 +62,12 @@ notebooks: $(STAMP)
 XDIST := -n auto --dist loadgroup
 
 # The library and exercise tests: a change to one function, checked in under 2 minutes.
+# test-floor runs the same selection on the lowest torch.
+FAST_TIER := tests/lib tests/exercises -m "not slow" $(XDIST) -q
+
 test-fast: $(STAMP)
 	@start=$$(date +%s); \
-	$(PY) -m pytest tests/lib tests/exercises -m "not slow" $(XDIST) -q --durations=15; \
+	$(PY) -m pytest $(FAST_TIER) --durations=15; \
 	rc=$$?; echo "make test-fast: $$(( $$(date +%s) - start )) s"; exit $$rc
 
 # The fast tier again on the lowest torch pyproject.toml declares: requirements.txt with the
@@ -79,8 +82,7 @@ $(FLOOR_STAMP): requirements.txt requirements-torch-floor.txt pyproject.toml
 test-floor: $(FLOOR_STAMP)
 	@start=$$(date +%s); \
 	$(FLOOR_VENV)/bin/python -c 'import torch; print("make test-floor: torch", torch.__version__)'; \
-	$(FLOOR_VENV)/bin/python -m pytest tests/lib tests/exercises -m "not slow" $(XDIST) -q \
-		-p no:cacheprovider; \
+	$(FLOOR_VENV)/bin/python -m pytest $(FAST_TIER) -p no:cacheprovider; \
 	rc=$$?; echo "make test-floor: $$(( $$(date +%s) - start )) s"; exit $$rc
 
 # Everything that needs no book build and nothing slow: library, exercises, sources.
