@@ -93,6 +93,26 @@ def test_no_empty_output_area(site, name):
         ]
 
 
+TEX = re.compile(r"\$[^$\n]{1,80}\$|\\\(.{1,80}?\\\)")  # $...$ or \(...\) as text
+NOT_PROSE = {"pre", "code", "script", "style", "textarea"}
+
+
+@pytest.mark.parametrize("name", [*PAGES, *ZH_CHAPTERS, "zh/references"])
+def test_no_tex_left_as_text(site, name):
+    """Math that MathJax never sees (it reads the elements MyST marks as math) shows
+    its dollars to the reader: a bibliography title with $O(n^2)$ did."""
+    left = []
+    for text in page(site, name).find_all(string=TEX):
+        around = [p for p in text.parents if p.name]
+        if any(
+            p.name in NOT_PROSE or {"math", "cell_output"} & set(p.get("class") or [])
+            for p in around
+        ):
+            continue  # code, printed output, or math MathJax typesets
+        left.append(text.strip()[:100])
+    assert not left, f"{name}: TeX left as plain text: {left}"
+
+
 @pytest.mark.parametrize("name", BOTH)
 def test_no_unrendered_widgets(site, name):
     html = page_path(site, name).read_text()
