@@ -110,7 +110,7 @@ sandbox-deps:
 # on one worker and handed out first; every other test is a unit of its own.
 test: browser-deps sandbox-deps test-fast test-floor book
 	@start=$$(date +%s); \
-	$(PY) -m pytest tests/sources tests/slow tests/site $(XDIST) --durations=60; \
+	$(PY) -m pytest tests/sources tests/slow tests/site $(XDIST) -rs --durations=60; \
 	rc=$$?; echo "make test (sources, slow and site tiers, after the book build):" \
 		"$$(( $$(date +%s) - start )) s"; \
 	exit $$rc
