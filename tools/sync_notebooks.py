@@ -128,8 +128,9 @@ def _bibliography() -> dict:
 
 
 def _plain(text: str) -> str:
-    """BibTeX field text as Unicode: LaTeX accents decoded, braces dropped."""
-    return re.sub(r"[{}]", "", text.encode().decode("latex"))
+    """BibTeX field text as Unicode: LaTeX accents decoded, braces dropped; the
+    field may hold Unicode itself (O(n²))."""
+    return re.sub(r"[{}]", "", text.encode("utf-8").decode("latex+utf-8"))
 
 
 def _surnames(key: str) -> list[str]:

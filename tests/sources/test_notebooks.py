@@ -75,6 +75,14 @@ def test_solutions_are_collapsed_in_the_notebook():
     assert "#### Exercise: Soft lookup" in text
 
 
+def test_bibtex_fields_become_unicode_text():
+    # LaTeX accents decoded, braces dropped, Unicode kept (the "latex" codec alone
+    # raised UnicodeDecodeError on O(n²) and stopped make book)
+    assert (
+        sync._plain(r"Does Not Need {O(n²)} M{\"u}ller") == "Does Not Need O(n²) Müller"
+    )
+
+
 def test_plain_markdown_conversion():
     md = (
         "```{note}\nBe careful.\n```\n"
