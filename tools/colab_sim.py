@@ -42,7 +42,8 @@ import sys
 import tempfile
 import time
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import nbformat
@@ -201,6 +202,21 @@ class Result:
     seconds: float
     error: str = ""
     printed: str = ""  # what the cells printed (their stream outputs), in order
+    cells: list[tuple[int, float]] = field(default_factory=list)  # cell_seconds
+
+
+def cell_seconds(nb) -> list[tuple[int, float]]:
+    """(index, seconds) of each executed code cell of ``nb``, from the timing nbclient
+    records in its metadata (from the kernel taking the code to its reply); the run's
+    other seconds went to starting and stopping the kernel."""
+    found = []
+    for i, cell in enumerate(nb.cells):
+        timing = cell.get("metadata", {}).get("execution", {})
+        if "iopub.execute_input" in timing and "shell.execute_reply" in timing:
+            start = datetime.fromisoformat(timing["iopub.execute_input"])
+            end = datetime.fromisoformat(timing["shell.execute_reply"])
+            found.append((i, (end - start).total_seconds()))
+    return found
 
 
 def printed_text(nb) -> str:
@@ -308,7 +324,13 @@ def run_notebook(
         try:
             client.execute(env=kernel_env(venv, home, repo_snapshot))
             seconds = time.perf_counter() - start
-            return Result(notebook.name, True, seconds, printed=printed_text(nb))
+            return Result(
+                notebook.name,
+                True,
+                seconds,
+                printed=printed_text(nb),
+                cells=cell_seconds(nb),
+            )
         except CellExecutionError as err:
             text = _ANSI.sub("", str(err))
             return Result(
