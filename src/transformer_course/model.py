@@ -343,11 +343,7 @@ class DecoderOnlyLM(nn.Module):
         if attention_mask is not None:
             _validation.keep_mask("attention_mask", attention_mask, (B, past + T))
             mask = combine_masks(mask, attention_mask[:, None, None, :])  # (B, 1, T, S)
-        # A normal tensor even under torch.inference_mode (``generate``'s): the shared
-        # rotary table reuses the rows it looked up for the first layer only after the
-        # tensor's version counter proves it unchanged, and inference tensors have none.
-        with torch.inference_mode(False):
-            key_pos = position_ids(past + T, keep=attention_mask, device=ids.device)
+        key_pos = position_ids(past + T, keep=attention_mask, device=ids.device)
         positions = key_pos[..., past:]  # (T,) or (B, T): the new tokens'
         bias = _alibi(cfg, T, key_pos)  # (H, T, S), (B, H, T, S) or None
         x = self.embed(ids, positions)  # (B, T, D)

@@ -29,6 +29,7 @@ LAYOUTS = ("half", "interleaved")
 # ------------------------------------------------------------------ positions themselves
 
 
+@torch.inference_mode(False)  # an ordinary tensor: see Returns
 def position_ids(
     q_len: int, *, offset: int = 0, keep: Tensor | None = None, device=None
 ) -> Tensor:
@@ -44,7 +45,11 @@ def position_ids(
         device: where to build the result (default: ``keep``'s device).
 
     Returns:
-        Long tensor (T,) without ``keep``, (B, T) with it.
+        Long tensor (T,) without ``keep``, (B, T) with it; an ordinary tensor also
+        under ``torch.inference_mode`` (``decoding.generate``'s): a ``RotaryEmbedding``
+        shared by every layer reuses the rows it looked up for the first layer only
+        once the tensor's version counter proves it unchanged, and inference tensors
+        have none.
 
     Raises:
         TypeError / ValueError: bad lengths, a non-bool ``keep``, or S != offset + T.

@@ -700,7 +700,7 @@ def test_generate_looks_the_rotary_rows_up_once_a_forward(tiny_config, monkeypat
     """The layers share one ``RotaryEmbedding``; under ``generate``'s inference mode
     its cos/sin rows are still looked up once a forward, not once per layer for the
     queries and again for the keys (inference tensors have no version counter: the
-    model keeps its positions a normal tensor)."""
+    positions come from ``position_ids``, an ordinary tensor)."""
     torch.manual_seed(0)
     lm = DecoderOnlyLM(tiny_config(positional="rope", n_layers=3, max_len=24)).eval()
     rotary = lm.layers[0].self_attn.rotary

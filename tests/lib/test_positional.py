@@ -242,6 +242,18 @@ def test_position_ids_offset_and_left_padding():
         position_ids(2, offset=1, keep=keep)
 
 
+def test_position_ids_are_ordinary_tensors_under_inference_mode():
+    """The shared rotary table trusts its last rows only for a tensor whose version
+    counter it can check; inference tensors have none (generate runs in that mode)."""
+    keep = torch.tensor([[False, True, True]])
+    with torch.inference_mode():
+        assert torch.arange(3).is_inference()  # known wrong: what arange gives here
+        assert not position_ids(3).is_inference()
+        assert not position_ids(1, offset=2, keep=keep).is_inference()
+        assert torch.is_inference_mode_enabled()  # the mode is back after the call
+    assert position_ids(1, offset=2, keep=keep).tolist() == [[1]]
+
+
 @param("wrong", [False, True])
 def test_p16_cached_decoding_matches_full_recompute(wrong):
     torch.manual_seed(0)
