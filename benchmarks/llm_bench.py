@@ -127,7 +127,7 @@ def markdown(result: dict, table, alone: str | None = None) -> list[str]:
             f"Model: {result['model']}, {result['prompt_tokens']} prompt tokens, "
             f"greedy, no stop token; same tokens on both sides: {result['same_tokens']}. "
             "Library and transformers timed side by side (round robin, best of the "
-            f"{result.get('rounds', 'three')} rounds); uncached = one `generate` call "
+            f"{result['rounds']} rounds); uncached = one `generate` call "
             "per token." + (f" Measured alone: `{alone}`." if alone else "")
         ),
         "",
