@@ -1076,18 +1076,18 @@ def lm_measurements(results: dict, smoke: bool, device):
 LLM_THREADS = sorted({TIMING_THREADS, ALL_CORES})  # one thread, and all cores
 
 
-def merge_alone(results: dict, keys: tuple[str, ...], out: Path, seconds: float) -> int:
+def merge_alone(results: dict, keys: tuple[str, ...], args, seconds: float) -> int:
     """``--only kv-cache`` / ``--only llm``: put the sections ``keys`` of ``results``
-    into the full report in ``out`` when there is one (its Goals table redone, the
+    into the full report in ``args.out`` when there is one (its Goals table redone, the
     command that measured them noted as ``<first key>_command`` and shown in their
-    section), else write them alone to ``results-<name>.json``."""
+    section), else write them alone to ``results-<args.only>.json``."""
+    out = args.out
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.json"
     full = json.loads(path.read_text()) if path.exists() else {}
     if "attention" not in full:  # no full run to update
         results["seconds"], results["load"] = seconds, load_average()
-        name = results["command"].rsplit(" ", 1)[-1]  # "--only <name>"'s name
-        path = out / f"results-{name}.json"
+        path = out / f"results-{args.only}.json"
         path.write_text(json.dumps(results, indent=2))
         print(f"wrote {path} in {seconds:.0f} s")
         return 0
@@ -1129,10 +1129,10 @@ def main(argv=None) -> int:
     if args.only == "kv-cache":
         lm_measurements(results, smoke, device)
         keys = ("kv_cache", "lm", "kv_bytes")
-        return merge_alone(results, keys, args.out, time.perf_counter() - start)
+        return merge_alone(results, keys, args, time.perf_counter() - start)
     if args.only == "llm":
         results["llm"] = llm_bench.bench_llm(smoke, LLM_THREADS, threads, side_by_side)
-        return merge_alone(results, ("llm",), args.out, time.perf_counter() - start)
+        return merge_alone(results, ("llm",), args, time.perf_counter() - start)
     lengths = [64, 128] if smoke else [256, 512, 1024, 2048, 4096, 8192]
     sweep_t = 128 if smoke else 2048
     results["tile_sweep"] = bench_tile_sweep(
