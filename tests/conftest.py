@@ -39,7 +39,7 @@ TIERS = ("lib", "exercises", "sources", "slow", "site")
 # workers (first_units). The grouping is by module path (GroupScheduling below), not by
 # ``xdist_group`` marks: pytest-xdist 3.8 marks a group by renaming ``item._nodeid``,
 # which pytest 9 no longer reads, so marked tests spread over every worker (they did, and
-# broke each other, in session 33).
+# broke each other, in the runs of 2026-12-01 before d2e6a2c).
 GROUPS = {"tests/slow/test_colab.py": "colab", "tests/slow/test_grading.py": "grading"}
 # The browser tests of one page of the built site ("[01_qkv]", "[zh-01_qkv]", "[search]":
 # browsing.short of the page) are one work unit too, "site:01_qkv", so that one worker
@@ -142,7 +142,7 @@ def tier_of(path: Path) -> str | None:
 
 
 # Known failures, found by the last full run and not yet fixed: each says what breaks. They
-# still run (xfail, not skip), and the next session fixes them and empties this table.
+# still run (xfail, not skip) until a commit fixes them and empties this table.
 KNOWN_FAILURES: dict[str, str] = {}
 
 

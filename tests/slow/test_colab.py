@@ -41,8 +41,9 @@ ONLY = os.environ.get("TRANSFORMER_COURSE_COLAB_CHAPTERS", "")
 RUN = [c for c in CHAPTERS if not ONLY or c in ONLY.split(",")]
 
 
-# A chapter needs at most about 250 s here even beside other work; session 38 saw
-# chapter 7 pass after 953 s, the kernel idle for most of it, with nothing to say where.
+# A chapter needs at most about 250 s here even beside other work; a fresh-clone run at
+# ed37c31 (2026-12-02) saw chapter 7 pass after 953 s, the kernel idle for most of it,
+# with nothing to say where.
 STALL_SECONDS = 600
 
 
@@ -111,7 +112,8 @@ def test_chapter_runs_in_colab_without_the_repository(sim, name):
             stacklevel=1,
         )
     # the kernel was shut down (a manager passed in as km= is not shut down by nbclient:
-    # every chapter's kernel stayed alive, holding its models, in session 35's first try)
+    # every chapter's kernel stayed alive, holding its models, in the run at 573a16b on
+    # 2026-12-01; fixed in ae01127)
     assert _kernels_left(sim.venv) == []
 
 
