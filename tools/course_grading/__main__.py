@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument(
         "--chapters",
         nargs="*",
-        help="chapter numbers (2 or 02) or names (default: all)",
+        help="chapter numbers (2, 02, ch02) or names (02_scaled_dot_product, "
+        "scaled_dot_product) or a unique prefix of one (default: all)",
     )
     a.add_argument(
         "--only", nargs="*", help="exercise labels to include (default: all)"
@@ -51,8 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     a.add_argument(
         "--out",
-        default=str(ROOT / "dist" / "assignments"),
-        help="where the assignments go (default dist/assignments)",
+        help="where the assignments go (default dist/assignments; "
+        "dist/assignments-zh for --edition zh)",
+    )
+    a.add_argument(
+        "--edition",
+        choices=("en", "zh"),
+        default="en",
+        help="the chapters the handouts are made of: book/ (en) or book/zh/ (zh: "
+        "Chinese text and Chinese self-check messages)",
     )
     a.add_argument(
         "--no-run-tests",
