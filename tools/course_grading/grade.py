@@ -17,6 +17,7 @@ import csv
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ import zipfile
 from pathlib import Path
 
 from course_grading.feedback import feedback, flags, flags_report
+from course_grading.recheck import capped
 from course_grading.sandbox import Sandbox, SandboxUnavailable, choose
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,8 +36,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def _notebook_bytes(path: Path) -> tuple[bytes | None, str]:
     """(the notebook's bytes, "") or (None, why it is not graded)."""
     if path.suffix == ".ipynb":
-        return path.read_bytes(), ""
-    if path.suffix == ".zip":
+        data = path.read_bytes()
+    elif path.suffix == ".zip":
         try:
             with zipfile.ZipFile(path) as z:
                 names = [
@@ -45,10 +47,32 @@ def _notebook_bytes(path: Path) -> tuple[bytes | None, str]:
                 ]
                 if len(names) != 1:
                     return None, f"the zip holds {len(names)} notebooks, expected 1"
-                return z.read(names[0]), ""
+                data = z.read(names[0])
         except zipfile.BadZipFile:
             return None, "not a readable zip file"
-    return None, "neither a notebook (.ipynb) nor the zip of grader.export()"
+    else:
+        return None, "neither a notebook (.ipynb) nor the zip of grader.export()"
+    why = notebook_problem(data)
+    return (None, why) if why else (data, "")
+
+
+def notebook_problem(data: bytes) -> str:
+    """Why ``data`` is not a notebook that can be graded ("" when it is): empty, not
+    UTF-8, not JSON (with the line), or JSON without a list of cells."""
+    if not data.strip():
+        return f"not a valid notebook: the file is empty ({len(data)} bytes)"
+    try:
+        nb = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        return "not a valid notebook: the file is not UTF-8 text"
+    except json.JSONDecodeError as err:
+        return (
+            f"not a valid notebook: invalid JSON at line {err.lineno}, column "
+            f"{err.colno} ({err.msg}); the file may be cut short"
+        )
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        return "not a valid notebook: JSON without a list of cells"
+    return ""
 
 
 def _assignment_name(data: bytes) -> str | None:
@@ -59,10 +83,26 @@ def _assignment_name(data: bytes) -> str | None:
     return (nb.get("metadata", {}).get("otter", {}) or {}).get("assignment_name")
 
 
+def with_assignment(data: bytes, name: str) -> bytes:
+    """The notebook with otter's metadata naming ``name`` when it names none: otter's
+    runner refuses a notebook whose assignment name differs from the autograder's,
+    ``None`` included (a chapter's Colab notebook, or the cells copied into a fresh
+    one: instructor trial 2026-12-03, finding 3)."""
+    if _assignment_name(data) is not None:
+        return data
+    nb = json.loads(data.decode("utf-8"))
+    meta = nb.setdefault("metadata", {})
+    otter = meta.get("otter") if isinstance(meta.get("otter"), dict) else {}
+    meta["otter"] = {**otter, "assignment_name": name}
+    return json.dumps(nb).encode("utf-8")
+
+
 def find_submissions(folder: Path) -> tuple[list[tuple[str, Path, bytes]], list[tuple]]:
     """([(student, file, notebook bytes)], [(student, file, reason skipped)]):
     SUBMISSIONS/<student>.ipynb|.zip or SUBMISSIONS/<student>/<one notebook or zip>;
-    SUBMISSIONS may also be one notebook or zip (a single regrade)."""
+    SUBMISSIONS may also be one notebook or zip (a single regrade). A student who
+    handed in more than one file (alice.ipynb, alice.zip, alice/) gets one row for
+    each, named by the file: "alice (alice.zip)" (``duplicates`` flags them)."""
     found, skipped = [], []
     entries = [folder] if folder.is_file() else sorted(folder.iterdir())
     for p in entries:
@@ -88,7 +128,33 @@ def find_submissions(folder: Path) -> tuple[list[tuple[str, Path, bytes]], list[
             skipped.append((student, files[0], why))
         else:
             found.append((student, files[0], data))
-    return found, skipped
+    names = [s for s, _, _ in found] + [s for s, _, _ in skipped]
+    base = folder if folder.is_dir() else folder.parent
+
+    def named(student: str, path: Path) -> str:
+        if names.count(student) < 2:
+            return student
+        return f"{student} ({path.relative_to(base)})"
+
+    return (
+        [(named(s, p), p, d) for s, p, d in found],
+        [(named(s, p), p, w) for s, p, w in skipped],
+    )
+
+
+def duplicates(students: list[str]) -> dict[str, list[str]]:
+    """{student: [the rows named after their files]} for a student with several."""
+    out: dict[str, list[str]] = {}
+    for s in students:
+        if s.endswith(")") and " (" in s:
+            out.setdefault(s.split(" (", 1)[0], []).append(s)
+    return {k: v for k, v in out.items() if len(v) > 1}
+
+
+def feedback_name(student: str) -> str:
+    """The feedback file's name for a row: the student, made safe as a file name."""
+    safe = "".join(c if c.isalnum() or c in "-_.() " else "_" for c in student)
+    return safe.strip(". ") or "student"
 
 
 def _run_limited(
@@ -120,8 +186,20 @@ def _run_limited(
         return rc, log.read().decode("utf-8", "replace")
 
 
+_NOISE = ("Kernel is running over TCP without encryption",)
+
+
+def _otter_reason(log: str) -> str:
+    """ ": <the last error line of otter's log>" (e.g. otter's refusal of a notebook
+    for another assignment), or "" when there is none."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception)\b.*:", ln)]
+    return f": {capped(errors[-1], 300)}" if errors else ""
+
+
 def grade_one(
     student: str,
+    file: str,
     notebook: bytes,
     zip_bytes: bytes,
     zip_name: str,
@@ -154,6 +232,9 @@ def grade_one(
         rc, log = _run_limited(
             sandbox.command(cmd, run), run, timeout, sandbox.env(run)
         )
+        log = "\n".join(
+            ln for ln in log.splitlines() if not any(n in ln for n in _NOISE)
+        )
         otter_s = time.perf_counter() - start
         otter_scores, otter_tests, status = {}, {}, "ok"
         result_file = run / "out" / "results.json"
@@ -165,7 +246,7 @@ def grade_one(
                 if (rc < 0 or rc > 128)
                 else ""
             )
-            status = f"otter run failed (exit code {rc}{died})"
+            status = f"otter run failed (exit code {rc}{died})" + _otter_reason(log)
         else:
             try:
                 for t in json.loads(result_file.read_text()).get("tests", []):
@@ -203,8 +284,11 @@ def grade_one(
         )
         try:
             rechecked = json.loads(out2.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            rechecked = {"_setup": {"message": "the re-check failed: " + out2[-500:]}}
+        except (ValueError, IndexError):  # one line for flags.md, not a traceback
+            last = [ln for ln in out2.strip().splitlines() if ln.strip()][-1:] or ["?"]
+            rechecked = {
+                "_setup": {"message": "the re-check failed: " + capped(last[0], 300)}
+            }
         rows = {}
         for q in spec["questions"]:
             name, pts = q["name"], float(q["points"])
@@ -215,6 +299,7 @@ def grade_one(
             )
         result = {
             "student": student,
+            "file": file,
             "assignment": spec["assignment"],
             "status": status,
             "scores": rows,
@@ -294,6 +379,7 @@ def grade(args: argparse.Namespace) -> int:
     library_digest = _tree_digest(library)
     found, skipped = find_submissions(folder)
     jobs = []
+    base = folder if folder.is_dir() else folder.parent
     for student, path, data in found:
         name = _assignment_name(data) or args.assignment
         if name not in specs:
@@ -309,7 +395,14 @@ def grade(args: argparse.Namespace) -> int:
                 )
             )
         else:
-            jobs.append((student, data, name))
+            jobs.append(
+                (
+                    student,
+                    str(path.relative_to(base)),
+                    with_assignment(data, name),
+                    name,
+                )
+            )
     for student, path, why in skipped:
         print(f"skipped {path}: {why}", file=sys.stderr)
     if not jobs:
@@ -326,21 +419,47 @@ def grade(args: argparse.Namespace) -> int:
         )
         return 1
     start = time.perf_counter()
+    print(f"grading {len(jobs)} submissions (sandbox: {backend}) ...", flush=True)
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [
+        futures = {
             pool.submit(
                 grade_one,
                 s,
+                f,
                 d,
                 *zips[a],
                 specs[a],
                 sandbox,
                 args.timeout,
                 args.call_timeout,
+            ): s
+            for s, f, d, a in jobs
+        }
+        done_by_student = {}
+        for i, future in enumerate(concurrent.futures.as_completed(futures), 1):
+            r = future.result()
+            done_by_student[futures[future]] = r
+            possible = sum(
+                float(q["points"]) for q in specs[r["assignment"]]["questions"]
             )
-            for s, d, a in jobs
-        ]
-        results = [f.result() for f in futures]
+            print(
+                f"[{i}/{len(jobs)}] {r['student']}: {sum(r['scores'].values()):g} / "
+                f"{possible:g}, {r['status']} ({r['seconds']:.0f} s, "
+                f"{time.perf_counter() - start:.0f} s in all)"
+                + ("  FLAGGED" if r["flags"] else ""),
+                flush=True,
+            )
+        results = [done_by_student[s] for s, _, _, _ in jobs]
+    for student, rows in duplicates(
+        [r["student"] for r in results] + [s for s, _, _ in skipped]
+    ).items():
+        for r in results:
+            if r["student"] in rows:
+                r["flags"].append(
+                    f"{student} handed in {len(rows)} files ("
+                    + ", ".join(x.split(" (", 1)[1][:-1] for x in rows)
+                    + "): each is graded on a row of its own; keep the one that counts"
+                )
     warnings = []
     if backend == "none":
         warnings.append(
@@ -389,6 +508,7 @@ def write_results(
             w.writerow(
                 [
                     "student",
+                    "file",
                     "assignment",
                     *questions,
                     "total",
@@ -403,6 +523,7 @@ def write_results(
                 w.writerow(
                     [
                         r["student"],
+                        r.get("file", ""),
                         r["assignment"],
                         *vals,
                         total,
@@ -415,6 +536,7 @@ def write_results(
                 w.writerow(
                     [
                         student,
+                        path.name,
                         "",
                         *[""] * len(questions),
                         "",
@@ -424,7 +546,7 @@ def write_results(
                     ]
                 )
     for r in results:
-        (out / "feedback" / f"{r['student']}.md").write_text(
+        (out / "feedback" / f"{feedback_name(r['student'])}.md").write_text(
             feedback(r, specs[r["assignment"]])
         )
     (out / "flags.md").write_text(flags_report(results, specs, warnings))

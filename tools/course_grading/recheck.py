@@ -24,6 +24,7 @@ import importlib
 import io
 import json
 import os
+import re
 import selectors
 import subprocess
 import sys
@@ -125,6 +126,52 @@ def imported_names(notebook: dict) -> dict[str, str]:
     return names
 
 
+def learner_source(cells: list[tuple[int, str]]) -> str:
+    """The notebook's code as the checks read it (``__learner_source__``): the cells
+    that parse, and after them every import a function makes inside its body, lifted to
+    the top level, so that ``def f(x): from transformer_course.distill import
+    soft_target_loss ...`` reads as the library call it is (instructor trial 2026-12-03,
+    finding 4: it passed the re-check)."""
+    code = [c for _, c in cells if _parses(c)]
+    lifted = []
+    for c in code:
+        for node in ast.walk(ast.parse(c)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lifted += [
+                    ast.unparse(sub)
+                    for sub in ast.walk(node)
+                    if isinstance(sub, (ast.Import, ast.ImportFrom))
+                    and not getattr(sub, "level", 0)
+                ]
+    return "\n".join(code + lifted)
+
+
+# What of a learner's message reaches the feedback: at most this many characters
+# (instructor trial 2026-12-03, finding 2: a raised ValueError carried whole files).
+MESSAGE_LIMIT = 300
+PATH = re.compile(r"(?<![\w.<>/])/(?:[\w.@+-]+/)+[\w.@+-]*")
+
+
+def echoed(text: str) -> str:
+    """Why a message the learner's code made looks like it carries what the code read
+    (a path of the machine, more lines or characters than an error needs); "" if not."""
+    why = []
+    paths = sorted(set(PATH.findall(text)))
+    if paths:
+        why.append("paths " + ", ".join(paths[:3]) + (" ..." if len(paths) > 3 else ""))
+    if len(text) > MESSAGE_LIMIT:
+        why.append(f"{len(text)} characters")
+    if text.count("\n") >= 3:
+        why.append(f"{text.count(chr(10)) + 1} lines")
+    return ", ".join(why)
+
+
+def capped(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """``text`` with every path replaced by <path> and cut to ``limit`` characters."""
+    text = PATH.sub("<path>", str(text))
+    return text if len(text) <= limit else text[:limit] + " [... cut]"
+
+
 def _parses(code: str) -> bool:
     try:
         ast.parse(code)
@@ -201,13 +248,18 @@ def describe_process(pid: int) -> str:
     return f"{what}: {cmd}" if cmd else f"{what}: {name} (its command line is gone)"
 
 
+def _is_bwrap(cmd: str) -> bool:
+    """Whether a command line is bubblewrap's own (``/usr/bin/bwrap --args 3 ...``)."""
+    return Path(cmd.split(" ", 1)[0]).name == "bwrap" if cmd else False
+
+
 def _worker_pid(root: int) -> int:
     """The worker's pid: ``root`` itself, or the first process under it (under bwrap)
     that runs ``course_grading.worker`` (bwrap's own processes excluded). Any other
     process with that command line is a ``fork`` of it by the notebook."""
     for pid in [root, *_children(root)]:
         cmd = _cmdline(pid)  # bwrap's own command line names the worker too
-        if "course_grading.worker" in cmd and not cmd.startswith("bwrap"):
+        if "course_grading.worker" in cmd and not _is_bwrap(cmd):
             return pid
     return root
 
@@ -258,6 +310,8 @@ class RemoteFunctions:
         self.setup_errors: list[dict] = []
         self.stray: list[str] = []  # processes the notebook left running
         self.home_writes: list[str] = []  # files it wrote into ~ (a scratch folder)
+        self.echoes: list[str] = []  # messages that look like they carry files
+        self.attempts: list[str] = []  # what it tried that the sandbox refuses
 
     def start(self) -> None:
         # inside the caller's folder, so a re-check killed at its time limit leaves nothing
@@ -273,16 +327,59 @@ class RemoteFunctions:
             env=self.sandbox.env(cwd),
             start_new_session=True,
         )
-        self.setup_errors = self.request(
-            {"op": "exec", "cells": self.cells}, timeout=self.setup_timeout
-        )
+        self.setup_errors = []
+        deadline = time.monotonic() + self.setup_timeout
+        for number, code in self.cells:  # one at a time: a cell that loops is named
+            left = deadline - time.monotonic()
+            try:
+                if left <= 0:
+                    raise TimeoutError
+                errors = self.request({"op": "exec", "cells": [(number, code)]}, left)
+            except TimeoutError:
+                self.stop()
+                raise TimeoutError(
+                    f"code cell {number} was still running at the time limit of "
+                    f"{self.setup_timeout:g} s for the notebook's cells"
+                ) from None
+            for e in errors if isinstance(errors, list) else []:
+                if isinstance(e, dict):
+                    self.setup_errors.append(self._cell_error(e))
         worker = _worker_pid(self.proc.pid)
-        self.stray += [  # all but the worker and bwrap's own (a forked worker counts)
-            describe_process(p)
-            for p in _children(self.proc.pid)
-            if p != worker and not _cmdline(p).startswith("bwrap")
-        ]
+        for p in _children(self.proc.pid):  # all but the worker and bwrap's own
+            if p == worker or _is_bwrap(_cmdline(p)):
+                continue
+            what = describe_process(p)
+            if "course_grading.worker" in what:  # the notebook's os.fork of itself
+                what = (
+                    f"{what.split(':')[0]}: a fork (os.fork) of the notebook's own "
+                    "process, which still shows the re-check worker's command line"
+                )
+            self.stray.append(what)
         self.home_writes = home_writes(cwd / HOME)
+        self.report()
+
+    def _cell_error(self, e: dict) -> dict:
+        number = e.get("cell")
+        kind = capped(str(e.get("type")), 60)
+        return {
+            "cell": number if isinstance(number, int) else None,
+            "type": kind,
+            "message": self._learner_text(
+                str(e.get("message", "")), f"code cell {number}: {kind}"
+            ),
+            "denied": bool(e.get("denied")),
+        }
+
+    def report(self) -> None:
+        """Adds what the worker's audit hook saw (``worker._audit``) to ``attempts``."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(Exception):
+            seen = self.request({"op": "report"}, timeout=10)
+            for what in seen[:30] if isinstance(seen, list) else []:
+                what = str(what)[:300]  # for flags.md only (the instructor's)
+                if what not in self.attempts:
+                    self.attempts.append(what)
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -317,12 +414,24 @@ class RemoteFunctions:
             raise WorkerError("the worker sent a malformed reply")
         if reply["ok"]:
             return reply["result"]
-        if reply.get("error") == "NotImplementedError":
-            raise NotImplementedError(reply.get("message", ""))
-        err = _builtin_error(str(reply.get("error")), str(reply.get("message", "")))
+        kind = capped(str(reply.get("error")), 60)
+        message = self._learner_text(
+            str(reply.get("message", "")), f"{kind} raised by {msg.get('fn', 'a call')}"
+        )
+        if kind == "NotImplementedError":
+            raise NotImplementedError(message)
+        err = _builtin_error(kind, message)
         if err is not None:
             raise err  # as the learner's own process would
-        raise WorkerError(f"{reply.get('error')}: {reply.get('message')}")
+        raise WorkerError(f"{kind}: {message}")
+
+    def _learner_text(self, text: str, where: str) -> str:
+        """A message of the learner's code, capped (``capped``); one that looks like it
+        carries what the code read is recorded in ``echoes``, for the instructor."""
+        why = echoed(text)
+        if why and len(self.echoes) < 10:
+            self.echoes.append(f"{where}: a message with {why}")
+        return capped(text)
 
     def function(self, name: str) -> Callable:
         def call(*args, **kwargs):
@@ -350,29 +459,106 @@ class RemoteFunctions:
 
         call.__name__ = name
         # the checks read the code (they cannot watch a call in the worker)
-        call.__learner_source__ = "\n".join(c for _, c in self.cells if _parses(c))
+        call.__learner_source__ = learner_source(self.cells)
         return call
 
 
+def _assigned(notebook: dict) -> dict[str, tuple[int, str]]:
+    """Top-level names the notebook binds by an assignment (``my_mean_pool =
+    distill.mean_pool``): name -> (code cell, the assigned expression)."""
+    names = {}
+    for number, code in submission_code(notebook):
+        with contextlib.suppress(SyntaxError):
+            for node in ast.parse(code).body:
+                if isinstance(node, ast.Assign):
+                    for target in node.targets:
+                        if isinstance(target, ast.Name):
+                            names[target.id] = (number, ast.unparse(node.value))
+    return names
+
+
+def _syntax_errors(notebook: dict) -> list[tuple[int, SyntaxError, str]]:
+    """(code cell, the error, its code) of every code cell that does not parse."""
+    found = []
+    for number, code in submission_code(notebook):
+        try:
+            ast.parse(code)
+        except SyntaxError as err:
+            found.append((number, err, code))
+    return found
+
+
 def _missing(notebook: dict, functions: list[str]) -> str:
+    """Why a function the check is called with is not the notebook's own ``def``
+    (empty when every one is): a cell that would define it does not parse; it is bound
+    by an import or an assignment; it is not there (with the closest name)."""
     found, imported = defined_functions(notebook), imported_names(notebook)
+    assigned = _assigned(notebook)
     missing = [f for f in functions if f not in found]
     if not missing:
         return ""
+    broken = _syntax_errors(notebook)
     parts = []
     for f in missing:
-        if f in imported:
+        cell = next(
+            (
+                b
+                for b in broken
+                if re.search(rf"^\s*def\s+{re.escape(f)}\b", b[2], re.MULTILINE)
+            ),
+            None,
+        )
+        if cell is not None:
+            number, err, _ = cell
+            parts.append(
+                f"the cell that defines {f} (code cell {number}) has a SyntaxError on "
+                f"line {err.lineno}: {capped(err.msg, 120)}"
+            )
+        elif f in imported:
             parts.append(
                 f"{f} is not written in the notebook: it is bound by an import from "
                 f"the library ({imported[f]})"
             )
-            continue
-        close = difflib.get_close_matches(f, found, n=1, cutoff=0.5)
-        parts.append(
-            f"{f} is not defined"
-            + (f" (closest name found: {close[0]})" if close else "")
-        )
+        elif f in assigned:
+            number, value = assigned[f]
+            parts.append(
+                f"{f} is not written in the notebook: code cell {number} binds it to "
+                f"{capped(value, 120)}"
+            )
+        elif broken:
+            numbers = ", ".join(str(b[0]) for b in broken)
+            parts.append(
+                f"{f} is not defined; code cell(s) {numbers} do not parse "
+                f"(SyntaxError), so what they define is not seen"
+            )
+        else:
+            close = difflib.get_close_matches(f, found, n=1, cutoff=0.5)
+            parts.append(
+                f"{f} is not defined"
+                + (f" (closest name found: {close[0]})" if close else "")
+            )
     return "; ".join(parts)
+
+
+def library_calls(notebook: dict, q: dict) -> str:
+    """The library function question ``q``'s function calls, where its check refuses
+    one (``check.forbidden``), read from the code as the check reads it; "" if none.
+    (Whatever the language of the check's message: this is for flags.md.)"""
+    module = importlib.import_module(q.get("module") or check_module(q["check"]))
+    forbidden = getattr(getattr(module, q["check"]), "forbidden", ())
+    if not forbidden or not q["functions"]:
+        return ""
+    try:
+        from transformer_course.exercises._method import library_use
+    except ImportError:
+        return ""
+    source = learner_source(submission_code(notebook))
+    for f in q["functions"][:1]:
+        with contextlib.suppress(Exception):
+            used = library_use(source, f, tuple(forbidden))
+            if used:
+                return f"{f} calls the library's {used}, which the exercise forbids"
+    return ""
 
 
 def recheck(
@@ -425,13 +611,18 @@ def recheck(
             "max_score": float(q["points"]),
             "message": message,
             "missing": _missing(notebook, q["functions"]),
+            "library": library_calls(notebook, q),
+            "looped": message.startswith("TimeoutError"),
         }
+    remote.report()
     remote.stop()
     results["_setup"] = {
         "message": setup,
         "errors": remote.setup_errors,
         "stray": remote.stray,
         "home_writes": remote.home_writes,
+        "echoes": remote.echoes,
+        "attempts": remote.attempts,
     }
     return results
 
@@ -442,7 +633,11 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
-    notebook = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
+    try:
+        notebook = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:  # one line, not a traceback
+        print(json.dumps({"_setup": {"message": f"not a valid notebook: {err}"}}))
+        return 0
     sandbox = Sandbox.from_json(Path(argv[2]).read_text(encoding="utf-8"))
     timeout = float(argv[3]) if len(argv) > 3 else 30.0
     hide_frames()  # the learner's frames are in the worker; here only the grader's
