@@ -54,6 +54,7 @@ EDITION_WORDS = {
         "exercise": "Exercise",
         "solution": "Solution (click to open)",
         "sep": ": ",
+        "prose": "Run to read this text with the numbers measured above",
         "pitfalls": "*The text and the self-check messages cite pitfalls by id, such as "
         "P16: the book's [Pitfall index]({url}) says what each one is and where it was "
         "reported.*",
@@ -62,6 +63,7 @@ EDITION_WORDS = {
         "exercise": "练习",
         "solution": "参考答案（点击展开）",
         "sep": "：",
+        "prose": "运行此单元格，用上面实测的数字显示这段文字",
         "pitfalls": "*正文和自测信息用编号（例如 P16）指称常见陷阱：本书的"
         "[常见陷阱索引]({url})说明每一个是什么、在哪里被报告过。*",
     },
@@ -287,13 +289,14 @@ def to_plain_markdown(
     return re.sub(r"^\([\w:-]+\)=\s*\n", "", text, flags=re.MULTILINE)  # MyST targets
 
 
-def prose_cell(markdown: str) -> nbformat.NotebookNode:
+def prose_cell(markdown: str, language: str = "en") -> nbformat.NotebookNode:
     """A paragraph that quotes measured numbers, as a code cell (its code hidden in
-    Colab) that shows the paragraph with the numbers this kernel measured."""
+    Colab, under a title in the edition's ``language``) that shows the paragraph with
+    the numbers this kernel measured."""
     if '"""' in markdown or markdown.endswith("\\"):
         raise ValueError(f"cannot quote this paragraph in a string: {markdown[:80]!r}")
     source = (
-        "# @title Run to read this text with the numbers measured above "
+        f"# @title {EDITION_WORDS[language]['prose']} "
         '{ display-mode: "form" }\n'
         "from transformer_course.viz.glue import prose\n\n"
         f'prose(r"""{markdown}""")'
@@ -360,7 +363,7 @@ def convert(
             glued = _ROLE.search(cell.source) and "{glue" in cell.source
             cell.source = to_plain_markdown(cell.source, cited, labels, glue=glued)
             if glued:
-                nb.cells[i] = cell = prose_cell(cell.source)
+                nb.cells[i] = cell = prose_cell(cell.source, language)
         cell.pop("id", None)
     nb.cells.insert(0, install_cell(url, branch, language))
     # the pitfall ids (P1 ...) cited by the text and the checks, looked up from Colab

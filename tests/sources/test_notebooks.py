@@ -410,3 +410,34 @@ def test_notebook_points_to_the_pitfall_index(notebook):
     assert len(links) == 1, links
     path = links[0].split("/blob/", 1)[1].split("/", 1)[1]  # after the branch
     assert (ROOT / path).exists(), path
+
+
+def prose_titles_not_in(language: str, notebook: nbformat.NotebookNode) -> list[str]:
+    """The Colab titles of ``notebook``'s prose cells that are not ``language``'s."""
+    title = f"# @title {sync.EDITION_WORDS[language]['prose']} "
+    return [
+        cell.source.splitlines()[0]
+        for cell in notebook.cells
+        if "colab-prose" in cell.metadata.get("tags", [])
+        and not cell.source.startswith(title)
+    ]
+
+
+def test_the_chinese_notebooks_title_their_prose_cells_in_chinese():
+    """Chinese review 2026-12-03, M5: the 39 prose cells of notebooks/zh were titled in
+    English, the text a Colab reader sees before running them."""
+    zh = [
+        nbformat.read(p, as_version=4)
+        for p in sorted((ROOT / "notebooks" / "zh").glob("*.ipynb"))
+    ]
+    cells = [
+        c for nb in zh for c in nb.cells if "colab-prose" in c.metadata.get("tags", [])
+    ]
+    assert cells, "no prose cell in notebooks/zh"
+    assert all(prose_titles_not_in("zh", nb) == [] for nb in zh)
+    assert re.search(r"[\u4e00-\u9fff]", sync.EDITION_WORDS["zh"]["prose"])
+    # known wrong: an English notebook's titles are not the Chinese ones
+    english = nbformat.read(
+        ROOT / "notebooks" / CHAPTERS[0].with_suffix(".ipynb").name, as_version=4
+    )
+    assert prose_titles_not_in("zh", english), "the check passes an English title"
