@@ -26,11 +26,17 @@ For each notebook in notebooks/ this
 
 Prints one line per notebook with its time and exits 1 if any notebook failed, naming
 the cell. No GPU, no kernel of this repository's venv, no path into the repository.
+
+A cell that stops making progress (the kernel idle and no message for ``--stall``
+seconds while its reply is awaited) fails at once with the notebook, the cell and the
+last messages received, instead of waiting out the cell timeout: ``CellStalled``.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import collections
 import functools
 import hashlib
 import json
@@ -63,6 +69,11 @@ PREINSTALLED = [
     *["lxml", "regex", "tabulate", "pyyaml", "requests"],
 ]
 KERNEL = "colab-sim"
+# A cell whose kernel has been idle this long, with no message received, while its reply
+# is awaited has stalled: a kernel sends "busy" as it takes a request, and a cell here
+# runs at most about 100 s, every second of it busy.
+STALL_SECONDS = 60
+RECENT = 12  # messages a channel remembers for a stall's report
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colours in IPython tracebacks
 
 
@@ -250,6 +261,168 @@ def kernel_env(venv: Path, home: Path, repo_snapshot: Path) -> dict[str, str]:
     return env
 
 
+class CellStalled(RuntimeError):
+    """A cell made no progress: its kernel idle, no message received, its reply awaited."""
+
+
+class _AsyncSend:
+    """What ``Session.send`` sends through: the asyncio socket's own send.
+
+    Given a ``zmq.asyncio.Socket``, ``Session.send`` sends on a blocking shadow of it
+    (jupyter_client/session.py), behind pyzmq's back. libzmq signals a socket's events
+    on one edge-triggered file descriptor that any send or receive on the socket drains;
+    pyzmq's asyncio socket re-reads the events after its own sends, never after the
+    shadow's. So a send on the shell channel while nbclient awaits the reply on it (the
+    Output widget nbclient mimics sends one comm_msg for every output a live
+    ``interactive`` view displays into it) can drain the edge that the reply, arrived a
+    moment before, raised: the reply waits unread until the poll times out, the cell
+    timeout, 900 s (jupyter/nbclient#312; the same fault on the kernel's side was
+    ipython/ipykernel#1554, fixed by sending through the stream). This sends through
+    the asyncio socket, which re-arms its waiting poll when it sends."""
+
+    def __init__(self, socket):
+        self.socket = socket
+
+    def send_multipart(self, parts, **kwargs):
+        sent = self.socket.send_multipart(parts, **kwargs)
+        if sent.done() and sent.exception() is not None:
+            raise sent.exception()  # as the blocking send would (queued sends: later)
+        return sent
+
+
+@functools.cache
+def _channel_class():
+    """The kernel client's channel: sends through the asyncio socket (``_AsyncSend``)
+    and remembers the last ``RECENT`` messages it received, with their times."""
+    from jupyter_client.channels import AsyncZMQSocketChannel
+
+    class Channel(AsyncZMQSocketChannel):
+        def __init__(self, socket, session, loop=None):
+            super().__init__(socket, session, loop)
+            self.received = collections.deque(maxlen=RECENT)  # (monotonic s, msg)
+
+        def send(self, msg):
+            self.session.send(_AsyncSend(self.socket), msg)
+
+        async def _recv(self, **kwargs):
+            msg = await super()._recv(**kwargs)
+            self.received.append((time.monotonic(), _summary(msg)))
+            return msg
+
+    return Channel
+
+
+def _summary(msg) -> dict:
+    content = msg.get("content") or {}
+    parent = msg.get("parent_header") or {}
+    return {
+        "msg_type": msg.get("msg_type") or msg.get("header", {}).get("msg_type"),
+        "state": content.get("execution_state"),
+        "parent": parent.get("msg_type"),
+        "parent_id": parent.get("msg_id"),
+    }
+
+
+@functools.cache
+def _client_class():
+    """nbclient's NotebookClient with a watchdog beside each cell: when the kernel has
+    been idle (its last status message said so) and no message has come on the shell or
+    IOPub channel for ``stall_timeout`` seconds while the cell's reply is awaited, the
+    cell fails with ``CellStalled``, naming the notebook, the cell and the last messages
+    received. A busy kernel is never stalled, however long its cell runs (the cell
+    timeout is for that). The watchdog replaces nbclient's own check that the kernel is
+    alive, which nbclient runs beside each cell every second and cancels once the reply
+    has come, and stops the cell the way a dead kernel does."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import DeadKernelError
+    from traitlets import Float, Unicode
+
+    class WatchedNotebookClient(NotebookClient):
+        stall_timeout = Float(
+            STALL_SECONDS,
+            allow_none=True,
+            help="seconds of an idle kernel and no message before a cell has stalled "
+            "(None: no watchdog)",
+        ).tag(config=True)
+        notebook_name = Unicode("", help="the notebook's name, for a stall's report")
+
+        _pending = None  # (cell, index, monotonic time its request was sent)
+        _stall = None  # the CellStalled of the cell being run
+
+        async def async_execute_cell(self, cell, cell_index, *args, **kwargs):
+            self._pending, self._stall = (cell, cell_index, time.monotonic()), None
+            try:
+                return await super().async_execute_cell(
+                    cell, cell_index, *args, **kwargs
+                )
+            except DeadKernelError:
+                if self._stall is not None:
+                    raise self._stall from None
+                raise
+            finally:
+                self._pending = None
+
+        async def _async_poll_kernel_alive(self):
+            while True:
+                await asyncio.sleep(1)
+                try:
+                    await self._async_check_alive()
+                    self._stall = self._stalled()
+                except DeadKernelError:
+                    pass
+                else:
+                    if self._stall is None:
+                        continue
+                self.task_poll_for_reply.cancel()  # nbclient: DeadKernelError
+                return
+
+        def _stalled(self) -> CellStalled | None:
+            if self.stall_timeout is None or self._pending is None:
+                return None
+            cell, index, sent = self._pending
+            channels = {"shell": self.kc.shell_channel, "iopub": self.kc.iopub_channel}
+            heard = sorted(
+                (t, name, m)
+                for name, ch in channels.items()
+                for t, m in getattr(ch, "received", ())  # a stock channel: none
+            )
+            states = [m["state"] for _, name, m in heard if m["msg_type"] == "status"]
+            state = states[-1] if states else "unknown"
+            now = time.monotonic()
+            quiet = now - max([sent, *(t for t, _, _ in heard)])
+            if state == "busy" or quiet < self.stall_timeout:
+                return None
+            import zmq
+
+            waiting = self.kc.shell_channel.socket.get(zmq.EVENTS) & zmq.POLLIN
+            head = "\n".join(cell.source.splitlines()[:3])
+            lines = [
+                f"{self.notebook_name or 'notebook'}: cell {index} made no progress for "
+                f"{quiet:.0f} s: the kernel's last status {state}, no message came "
+                "while its reply was awaited; "
+                + (
+                    "a message waits unread on the shell socket (the client was not "
+                    "woken for it)"
+                    if waiting
+                    else "none waits on the shell socket (the kernel did not answer)"
+                ),
+                "cell source:",
+                *(f"    {line}" for line in head.splitlines()),
+                (
+                    f"last messages received ({len(heard[-RECENT:])}; s before now, "
+                    "channel, type, state, parent):"
+                ),
+                *(
+                    f"    {now - t:7.1f} {name:5} {m['msg_type']} {m['state'] or ''} "
+                    f"<- {m['parent']} {(m['parent_id'] or '')[-8:]}"
+                    for t, name, m in heard[-RECENT:]
+                ),
+            ]
+            return CellStalled("\n".join(lines))
+
+    return WatchedNotebookClient
+
+
 @functools.cache  # one class (and one shared context) per process
 def _manager_class():
     """A kernel manager whose clients share one zmq context, made once in this process
@@ -257,16 +430,22 @@ def _manager_class():
     when its channels stop, and that ``Context.term()`` now and then waits forever
     (jupyter/jupyter_client#771, "occasional client hangs on shutdown"; seen here: a
     run of chapter 3 stuck 15 minutes in nbclient's clean-up after its last cell). The
-    channels still close their sockets (linger 0) when they stop. nbclient makes the
-    manager from this class, so it still shuts the kernel down after the notebook."""
+    channels still close their sockets (linger 0) when they stop; they are
+    ``_channel_class()``'s (sends that keep a waiting poll awake, recent messages for a
+    stall's report). nbclient makes the manager from this class, so it still shuts the
+    kernel down after the notebook."""
     import zmq.asyncio
     from jupyter_client.asynchronous.client import AsyncKernelClient
     from jupyter_client.manager import AsyncKernelManager
-    from traitlets import default
+    from traitlets import Type, default
 
     shared = zmq.asyncio.Context()
 
     class SharedContextClient(AsyncKernelClient):
+        shell_channel_class = Type(_channel_class())
+        iopub_channel_class = Type(_channel_class())
+        control_channel_class = Type(_channel_class())
+
         @default("context")
         def _shared_context(self):
             return shared  # _created_context stays False: stop_channels keeps it
@@ -279,25 +458,33 @@ def _manager_class():
     return SharedContextManager
 
 
-def run_notebook(
-    notebook: Path, venv: Path, repo_snapshot: Path, *, timeout: int = 900
-) -> Result:
-    """Execute ``notebook`` alone in an empty temporary folder with the kernel of
-    ``venv`` (restored to its base state first)."""
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
+def execute_notebook(
+    nb,
+    python: Path,
+    work: Path,
+    env: dict[str, str],
+    *,
+    timeout: int = 900,
+    stall: float | None = STALL_SECONDS,
+    name: str = "",
+):
+    """Execute ``nb`` (in place) in ``work`` with a kernel of the interpreter ``python``
+    started with the environment ``env``, each cell under the ``stall`` watchdog
+    (``_client_class``; None: none) and the cell ``timeout`` (seconds).
 
-    restore(venv)
-    with tempfile.TemporaryDirectory(prefix="colab-sim-") as tmp:
-        tmp = Path(tmp)
-        work, home, kernels = tmp / "content", tmp / "home", tmp / "jupyter" / "kernels"
-        for d in (work, home, kernels / KERNEL):
-            d.mkdir(parents=True)
-        (kernels / KERNEL / "kernel.json").write_text(
+    Raises:
+        CellStalled: a cell made no progress for ``stall`` seconds, its kernel idle.
+        nbclient.exceptions.CellExecutionError: a cell raised.
+        nbclient.exceptions.CellTimeoutError: a cell ran past ``timeout``.
+    """
+    with tempfile.TemporaryDirectory(prefix="colab-sim-kernel-") as specs:
+        spec = Path(specs) / "kernels" / KERNEL
+        spec.mkdir(parents=True)
+        (spec / "kernel.json").write_text(
             json.dumps(
                 {
                     "argv": [
-                        str(venv / "bin" / "python"),
+                        str(python),
                         "-m",
                         "ipykernel_launcher",
                         "-f",
@@ -308,21 +495,59 @@ def run_notebook(
                 }
             )
         )
+        old_path = os.environ.get("JUPYTER_PATH")
+        os.environ["JUPYTER_PATH"] = specs
+        try:
+            client = _client_class()(
+                nb,
+                kernel_manager_class=_manager_class(),
+                timeout=timeout,
+                stall_timeout=stall,
+                notebook_name=name,
+                kernel_name=KERNEL,
+                resources={"metadata": {"path": str(work)}},
+            )
+            client.execute(env=env)
+        finally:
+            if old_path is None:
+                os.environ.pop("JUPYTER_PATH", None)
+            else:
+                os.environ["JUPYTER_PATH"] = old_path
+    return nb
+
+
+def run_notebook(
+    notebook: Path,
+    venv: Path,
+    repo_snapshot: Path,
+    *,
+    timeout: int = 900,
+    stall: float | None = STALL_SECONDS,
+) -> Result:
+    """Execute ``notebook`` alone in an empty temporary folder with the kernel of
+    ``venv`` (restored to its base state first)."""
+    from nbclient.exceptions import CellExecutionError
+
+    restore(venv)
+    with tempfile.TemporaryDirectory(prefix="colab-sim-") as tmp:
+        tmp = Path(tmp)
+        work, home = tmp / "content", tmp / "home"
+        for d in (work, home):
+            d.mkdir(parents=True)
         target = work / notebook.name
         shutil.copy2(notebook, target)
         nb = nbformat.read(target, as_version=4)
-        old_path = os.environ.get("JUPYTER_PATH")
-        os.environ["JUPYTER_PATH"] = str(tmp / "jupyter")
-        client = NotebookClient(
-            nb,
-            kernel_manager_class=_manager_class(),
-            timeout=timeout,
-            kernel_name=KERNEL,
-            resources={"metadata": {"path": str(work)}},
-        )
         start = time.perf_counter()
         try:
-            client.execute(env=kernel_env(venv, home, repo_snapshot))
+            execute_notebook(
+                nb,
+                venv / "bin" / "python",
+                work,
+                kernel_env(venv, home, repo_snapshot),
+                timeout=timeout,
+                stall=stall,
+                name=notebook.name,
+            )
             seconds = time.perf_counter() - start
             return Result(
                 notebook.name,
@@ -336,18 +561,13 @@ def run_notebook(
             return Result(
                 notebook.name, False, time.perf_counter() - start, text[-3000:]
             )
-        except Exception as err:  # noqa: BLE001 (timeouts, dead kernel: report them)
+        except Exception as err:  # noqa: BLE001 (timeouts, stalls, dead kernel: report them)
             return Result(
                 notebook.name,
                 False,
                 time.perf_counter() - start,
                 f"{type(err).__name__}: {err}"[-3000:],
             )
-        finally:
-            if old_path is None:
-                os.environ.pop("JUPYTER_PATH", None)
-            else:
-                os.environ["JUPYTER_PATH"] = old_path
 
 
 class Simulation:
@@ -371,6 +591,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("chapters", nargs="*", help="e.g. 01_qkv (default: the toc's)")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per cell")
+    parser.add_argument(
+        "--stall",
+        type=float,
+        default=STALL_SECONDS,
+        help="seconds of an idle kernel and no message before a cell has stalled",
+    )
     args = parser.parse_args(argv)
     names = args.chapters or toc_chapters()
     start = time.perf_counter()
@@ -379,7 +605,11 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     try:
         for name in names:
-            result = sim.run(ROOT / "notebooks" / f"{name}.ipynb", timeout=args.timeout)
+            result = sim.run(
+                ROOT / "notebooks" / f"{name}.ipynb",
+                timeout=args.timeout,
+                stall=args.stall,
+            )
             print(
                 f"{name}: {'ok' if result.ok else 'FAILED'} in {result.seconds:.0f} s",
                 flush=True,

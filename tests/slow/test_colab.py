@@ -12,6 +12,7 @@ on the pins).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import sys
@@ -22,6 +23,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import zmq
+import zmq.asyncio
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -42,8 +45,9 @@ RUN = [c for c in CHAPTERS if not ONLY or c in ONLY.split(",")]
 
 
 # A chapter needs at most about 250 s here even beside other work; a fresh-clone run at
-# ed37c31 (2026-12-02) saw chapter 7 pass after 953 s, the kernel idle for most of it,
-# with nothing to say where.
+# ed37c31 (2026-12-02) saw chapter 7 pass after 953 s, the kernel idle for most of it
+# (a reply left unread until the 900 s cell timeout: colab_sim._AsyncSend; a stall now
+# fails its cell after colab_sim.STALL_SECONDS). A run this long still says where.
 STALL_SECONDS = 600
 
 
@@ -141,6 +145,131 @@ def test_kernel_clients_share_a_context_that_is_never_terminated():
     context = stock.context
     stock.stop_channels()
     assert context.closed
+
+
+async def _reply_after_a_send(channel_class, poll_seconds: float) -> float:
+    """The client awaits a reply on its shell channel; the reply lands on the socket
+    while the client, busy (not yielding), sends on the same channel, as nbclient's
+    Output widget mimic does for each output of a live ``interactive`` view. Returns
+    the seconds the waiting ``get_msg`` took to return the reply once the client
+    yielded (its poll times out ``poll_seconds`` after it began, 0.5 s before)."""
+    from jupyter_client.session import Session
+
+    context, kernel_context = zmq.asyncio.Context(), zmq.Context()
+    kernel = kernel_context.socket(zmq.ROUTER)
+    client = context.socket(zmq.DEALER)
+    try:
+        port = kernel.bind_to_random_port("tcp://127.0.0.1")
+        client.connect(f"tcp://127.0.0.1:{port}")
+        session = Session(key=b"colab-sim")
+        channel = channel_class(client, session)
+        channel.send(session.msg("execute_request", {"code": "1"}))
+        ident = kernel.recv_multipart()[0]
+        waiting = asyncio.ensure_future(channel.get_msg(timeout=poll_seconds))
+        await asyncio.sleep(0.2)  # the poll waits for the reply
+        session.send(kernel, "execute_reply", {"status": "ok"}, ident=ident)
+        time.sleep(0.3)  # noqa: ASYNC251 (blocking on purpose: the client is busy)
+        channel.send(session.msg("comm_msg", {"comm_id": "x", "data": {}}))
+        start = time.perf_counter()
+        reply = await waiting
+        assert reply["msg_type"] == "execute_reply"
+        return time.perf_counter() - start
+    finally:
+        client.close(linger=0)
+        kernel.close(linger=0)
+        context.term()
+        kernel_context.term()
+
+
+def test_a_send_while_the_reply_is_awaited_does_not_leave_it_unread():
+    """jupyter/nbclient#312, the chapters' 900 s stalls: jupyter_client sends on a
+    blocking shadow of the asyncio socket, which drains the edge that wakes pyzmq's
+    waiting poll; the simulation's channel sends through the asyncio socket."""
+    from jupyter_client.channels import AsyncZMQSocketChannel
+
+    fixed = asyncio.run(_reply_after_a_send(colab_sim._channel_class(), 5))
+    assert fixed < 1, f"the reply waited {fixed:.1f} s after the client's send"
+    # known wrong: the stock channel leaves the reply unread until the poll times out
+    # (if this fails, jupyter_client may have fixed its send: _AsyncSend can go)
+    stock = asyncio.run(_reply_after_a_send(AsyncZMQSocketChannel, 4))
+    assert stock > 3, f"the stock channel returned the reply after {stock:.1f} s"
+
+
+# A cell that provokes a stall: it makes its kernel drop its own execute_reply, so the
+# kernel goes idle (its IOPub "idle" still sent) while the client waits for the reply.
+DROP_REPLY = """session = get_ipython().kernel.session
+
+def dropping(send, make):
+    def drop_execute_reply(stream, msg_or_type, content=None, parent=None, *a, **kw):
+        if msg_or_type == "execute_reply":  # made, never sent
+            return make(msg_or_type, content, parent)
+        return send(stream, msg_or_type, content, parent, *a, **kw)
+    return drop_execute_reply
+
+session.send = dropping(session.send, session.msg)"""
+
+
+def _run_here(tmp_path, sources, **kw):
+    """Run the cells ``sources`` with a kernel of this interpreter (its ipykernel)."""
+    nb = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell(source) for source in sources]
+    )
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    return colab_sim.execute_notebook(
+        nb, Path(sys.executable), tmp_path, env, name="stall.ipynb", **kw
+    )
+
+
+def test_a_stalled_cell_fails_fast_naming_the_cell_and_the_last_messages(tmp_path):
+    start = time.perf_counter()
+    with pytest.raises(colab_sim.CellStalled) as stalled:
+        _run_here(tmp_path, ["x = 1", DROP_REPLY, "x"], timeout=120, stall=2)
+    seconds = time.perf_counter() - start
+    assert seconds < 30, f"the stall was reported after {seconds:.0f} s"
+    text = str(stalled.value)
+    assert "stall.ipynb: cell 1 made no progress" in text, text
+    assert "session = get_ipython().kernel.session" in text, text  # the cell's source
+    assert "none waits on the shell socket" in text, text  # the kernel did not answer
+    assert re.search(r"iopub +status idle +<- execute_request", text), text
+    assert _child_kernels() == []  # shut down, as after any failure
+
+
+def _child_kernels() -> list[int]:
+    """Process ids of this process's kernels still running (after a grace second)."""
+    for _ in range(10):
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+            if parent == os.getpid() and b"ipykernel_launcher" in cmd:
+                found.append(int(pid))
+        if not found:
+            return []
+        time.sleep(0.5)
+    return found
+
+
+def test_without_the_watchdog_the_stall_lasts_the_cell_timeout(tmp_path):
+    """The known-wrong case for the watchdog: nbclient alone waits out the timeout."""
+    from nbclient.exceptions import CellTimeoutError
+
+    start = time.perf_counter()
+    with pytest.raises(CellTimeoutError):
+        _run_here(tmp_path, [DROP_REPLY], timeout=6, stall=None)
+    assert time.perf_counter() - start >= 6
+
+
+def test_a_busy_quiet_cell_is_not_a_stall(tmp_path):
+    """A kernel busy in a cell that prints nothing for longer than the watchdog's limit
+    is working, not stalled."""
+    nb = _run_here(
+        tmp_path, ["import time\ntime.sleep(5)\nprint('slept')"], timeout=60, stall=2
+    )
+    assert colab_sim.printed_text(nb) == "slept\n"
 
 
 # One Chinese notebook (a short chapter: each costs a full run): it installs and runs as
