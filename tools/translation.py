@@ -239,7 +239,8 @@ def prose(text: str) -> str:
     text = _without_code_and_fences(text)
     text = re.sub(r"\$\$.*?\$\$|\$[^$\n]+\$", " ", text, flags=re.DOTALL)
     text = _ROLE.sub(" ", text)
-    text = re.sub(r"`[^`\n]+`", " CODE ", text)
+    # inline code, also across a line break inside its paragraph
+    text = re.sub(r"`(?:[^`\n]|\n(?!\s*\n))+`", " CODE ", text)
     text = re.sub(r"\]\([^)]*\)|https?://\S+", " ", text)
     return text
 
@@ -266,6 +267,98 @@ def glossary_problems(english: str, chinese: str, terms: list[dict]) -> list[str
             if variant in zh:
                 problems.append(f"{variant!r}: write {term['zh']!r} ({term['en']})")
     return problems
+
+
+_INDENTED_CODE = re.compile(r"(?:(?<=\n\n)|\A)(?: {4}[^\n]*\n?|[ \t]*\n(?= {4}))+")
+# A full-width parenthetical with no Chinese character in it, the gloss of the
+# Chinese term before it: 暂退法（dropout）, 交错（interleaved）布局.
+_GLOSS = re.compile(r"（[^（）\u3400-\u9fff]*）")
+# An English label quoted from printed output or a figure, glossed right after:
+# “previous token”（前一个词元）.
+_QUOTED_LABEL = re.compile(r"[“\"][^“”\"\n]*[”\"](?=（)")
+# A bibliography line of a generated notebook: authors (year). *English title*. ...
+_BIB_LINE = re.compile(r"^- .*\((?:\d{4}|n\.d\.)\)\. \*.*$", re.MULTILINE)
+# A repository named as owner/name (Dao-AILab/flash-attention #410): a name, not prose.
+_REPOSITORY = re.compile(r"(?<![\w/])[\w.-]+/[\w.-]+(?= ?(?:#|PR |issue))", re.ASCII)
+# In a self-check message (plain text, no code markup): a placeholder, or a run of
+# ASCII that contains code punctuation (``mask=None``, ``softmax(keys @ query)``).
+_PLACEHOLDER = re.compile(r"\{[^{}]*\}")
+_CODE_RUN = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
+_CODE_PUNCTUATION = re.compile(r"[=()\[\]~@_<>!*/+.|#]|\d")
+
+
+def chinese_prose(text: str) -> str:
+    """The prose of a Chinese page (``prose``: no code, math, roles, links) without
+    what may stay English in it: indented code blocks, glosses (a
+    full-width parenthetical without a Chinese character, ``暂退法（dropout）``), quoted
+    output labels glossed right after (``“previous token”（前一个词元）``), repository
+    names (``owner/name``) and a notebook's bibliography lines."""
+    text = _BIB_LINE.sub(" ", prose(text))
+    text = _REPOSITORY.sub(" ", text)
+    text = _INDENTED_CODE.sub("\n", text)
+    text = _QUOTED_LABEL.sub(" ", text)
+    return _GLOSS.sub(" ", text)
+
+
+def message_prose(message: str) -> str:
+    """A Chinese self-check message without its placeholders and code: the catalog's
+    messages are plain text, so a run of ASCII with code punctuation in it is code."""
+    text = _PLACEHOLDER.sub(" ", message)
+    text = _CODE_RUN.sub(
+        lambda m: " " if _CODE_PUNCTUATION.search(m[0]) else m[0], text
+    )
+    return _GLOSS.sub(" ", text)
+
+
+def term_problems(zh_prose: str, terms: list[dict], allow: tuple = ()) -> list[str]:
+    """In Chinese prose (``chinese_prose`` or ``message_prose``): every rejected
+    variant of a glossary term (``reject``: text, ``reject_pattern``: a regex), and
+    every English term left where the glossary has the Chinese one (``english_pattern``;
+    terms whose ``zh`` is ASCII stay English). ``allow``: English words that are code
+    names in this text."""
+    problems = []
+    for term in terms:
+        for variant in term.get("reject") or []:
+            for _ in range(zh_prose.count(variant)):
+                problems.append(f"{variant!r}: write {term['zh']!r} ({term['en']})")
+        if term.get("reject_pattern"):
+            for m in re.finditer(term["reject_pattern"], zh_prose):
+                problems.append(f"{m[0]!r}: write {term['zh']!r} ({term['en']})")
+        if term["zh"].isascii():
+            continue
+        english = english_pattern(term)  # beside a CJK character too: ASCII \b
+        english = re.compile(english.pattern, english.flags & ~re.UNICODE | re.ASCII)
+        for m in english.finditer(zh_prose):
+            if m[0].lower() in allow:
+                continue
+            around = zh_prose[max(0, m.start() - 12) : m.end() + 12].replace("\n", " ")
+            problems.append(
+                f"English {m[0]!r} in Chinese prose ({around.strip()!r}): write "
+                f"{term['zh']!r}, or gloss it once as {term['zh']}（{term['en']}）"
+            )
+    return problems
+
+
+def notebook_markdown(path: Path) -> str:
+    """The markdown cells of a generated notebook, one after the other."""
+    import json
+
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return "\n\n".join(
+        "".join(c["source"]) for c in cells if c["cell_type"] == "markdown"
+    )
+
+
+CATALOG = ROOT / "src/transformer_course/exercises/locale/zh/LC_MESSAGES/exercises.po"
+
+
+def catalog_messages(path: Path = CATALOG) -> list[tuple[str, str]]:
+    """(msgid, msgstr) of every message of the Chinese self-check catalog."""
+    from babel.messages.pofile import read_po
+
+    with path.open("rb") as file:
+        catalog = read_po(file)
+    return [(m.id, m.string) for m in catalog if m.id and isinstance(m.id, str)]
 
 
 def status(root: Path = ROOT, not_yet: tuple[str, ...] | None = None) -> list[str]:

@@ -188,7 +188,7 @@ def test_not_translated_yet_names_english_pages_only():
 def test_glossary_is_well_formed():
     seen = set()
     for term in TERMS:
-        assert set(term) <= {"en", "zh", "reject", "en_pattern"}, term
+        assert set(term) <= {"en", "zh", "reject", "reject_pattern", "en_pattern"}, term
         assert term["en"] not in seen, f"{term['en']} is listed twice"
         seen.add(term["en"])
         assert term["zh"], term
@@ -226,3 +226,88 @@ def test_glossary_check_rejects_a_wrong_variant_and_a_missing_term():
     )  # its code not
     verb = "It patches `pickle.dump` so that tests pass."
     assert translation.glossary_problems(verb, "篡改。", TERMS) == []
+
+
+# One term per concept (book/zh/glossary.yml): no rejected variant and no English term
+# left in the prose of a Chinese page, of the Chinese self-check catalog, or of the
+# Chinese notebooks' markdown; the glossary's header says what may stay English.
+GLOSSARY = yaml.safe_load((ZH / "glossary.yml").read_text(encoding="utf-8"))
+CODE_NAMES = tuple(GLOSSARY.get("catalog_code_names") or ())
+NOTEBOOKS = sorted((ROOT / "notebooks" / "zh").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem)
+def test_a_chinese_page_writes_one_term_per_concept(page):
+    problems = translation.term_problems(
+        translation.chinese_prose(chinese(page)), TERMS
+    )
+    assert not problems, f"{page.name}: " + "; ".join(problems)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_chinese_notebook_writes_one_term_per_concept(notebook):
+    markdown = translation.notebook_markdown(notebook)
+    problems = translation.term_problems(translation.chinese_prose(markdown), TERMS)
+    assert not problems, f"notebooks/zh/{notebook.name}: " + "; ".join(problems)
+
+
+def test_the_chinese_self_checks_write_one_term_per_concept():
+    messages = translation.catalog_messages()
+    assert len(messages) > 500
+    problems = [
+        f"{msgid[:40]!r}: {problem}"
+        for msgid, msgstr in messages
+        for problem in translation.term_problems(
+            translation.message_prose(msgstr), TERMS, allow=CODE_NAMES
+        )
+    ]
+    assert not problems, "exercises.po: " + "; ".join(problems)
+
+
+def test_catalog_code_names_are_argument_names_of_the_exercises():
+    source = "\n".join(
+        p.read_text(encoding="utf-8")
+        for p in (ROOT / "src" / "transformer_course" / "exercises").glob("*.py")
+    )
+    for name in CODE_NAMES:
+        assert re.search(rf"\b{name}\s*[=:,)]", source), name
+
+
+def test_the_term_check_rejects_a_planted_variant_and_english_left_in_prose():
+    right = (
+        "每个查询保留一个累积最大值和一个累积和；评估时关闭暂退法（dropout）。"
+        "最好的头把注意力集中在注意力汇点上，平均汇聚之后，"
+        "“previous token”（前一个词元）一栏最亮。\n\n"
+        "代码里写作 `dropout_p`，数学里是 $\\text{dropout}$。\n\n"
+        "    def f(mask, dropout=0.0):\n        return mask\n"
+    )
+    assert translation.term_problems(translation.chinese_prose(right), TERMS) == []
+    for wrong, reported in [
+        ("累积最大值", "运行最大值"),
+        ("累积和", "运行和"),
+        ("注意力汇点", "注意力汇聚点"),
+        ("平均汇聚", "平均池化"),
+        ("暂退法（dropout）", "dropout"),
+        ("暂退法（dropout）", "暂退法（dropout，即随机丢弃）"),
+        ("“previous token”（前一个词元）", "“previous token”"),
+    ]:
+        planted = right.replace(wrong, reported, 1)
+        problems = translation.term_problems(translation.chinese_prose(planted), TERMS)
+        assert problems, f"planted {reported!r} passed"
+    # an ordinary word that contains a variant is not one: 运行和修改 = run and change
+    ordinary = "想亲手运行和修改代码。"
+    assert translation.term_problems(translation.chinese_prose(ordinary), TERMS) == []
+
+
+def test_the_catalog_check_keeps_code_and_rejects_english_prose():
+    code = "函数签名是 my_softmax(scores, mask=None, dim=-1)，在 {mask} 处填充。"
+    assert translation.term_problems(translation.message_prose(code), TERMS) == []
+    prose = "评估时要关闭 dropout 再比较。"
+    assert translation.term_problems(translation.message_prose(prose), TERMS)
+    variant = "运行最大值应当先更新。"
+    assert translation.term_problems(translation.message_prose(variant), TERMS)
+    name = "写出两个都含 warmup 的分支。"
+    assert translation.term_problems(translation.message_prose(name), TERMS)
+    assert not translation.term_problems(
+        translation.message_prose(name), TERMS, allow=("warmup",)
+    )
