@@ -21,10 +21,10 @@ else by the size of the page's source.
 
 ``--edition zh`` builds the Chinese pages of ``book/zh/`` (their table of contents
 ``book/zh/_toc.yml``) with the English ``_config.yml`` plus the few Chinese settings of
-``book/zh/edition.yml`` (title, ``language: zh_CN``), its paths made absolute, and the
-English build's execution cache (``_build/.jupyter_cache``): a Chinese page whose code
-cells are byte-identical to its English page's is taken from that cache, not executed
-again. Sphinx writes it to ``_build/zh/_build/html``, which is then copied to
+``book/zh/edition.yml`` (title, ``language: zh_CN``, the footer's wording), its paths made
+absolute, and the English build's execution cache (``_build/.jupyter_cache``): a Chinese
+page whose code cells are byte-identical to its English page's is taken from that cache,
+not executed again. Sphinx writes it to ``_build/zh/_build/html``, which is then copied to
 ``_build/html/zh/``, so the two editions are one site.
 """
 
@@ -88,7 +88,8 @@ def chinese_config(english: dict, chinese: dict) -> dict:
     settings of ``book/zh/edition.yml`` on top, every path absolute (the Chinese
     book's folder is ``book/zh/``, not the root) and the English execution cache."""
     config = json.loads(json.dumps(english))  # a deep copy
-    config.update({k: v for k, v in chinese.items() if k != "sphinx"})
+    config.update({k: v for k, v in chinese.items() if k not in ("sphinx", "html")})
+    config["html"].update(chinese.get("html", {}))  # e.g. the footer's wording
     config["exclude_patterns"] = ["**.ipynb_checkpoints", "_build"]
     config["html"]["favicon"] = _absolute(config["html"]["favicon"])
     config["bibtex_bibfiles"] = [_absolute(p) for p in config["bibtex_bibfiles"]]
