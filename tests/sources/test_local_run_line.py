@@ -124,3 +124,15 @@ def test_the_build_serves_the_editions_notebooks(tmp_path):
     failed.outdir = str(tmp_path / "failed")
     course_site._copy_notebooks(failed, RuntimeError("build failed"))
     assert not (tmp_path / "failed").exists()
+
+
+def test_the_chinese_preface_gives_the_same_command():
+    """The preface quotes the command the launch lines generate from _config.yml (a
+    changed repository URL fails here until the preface says it too)."""
+    preface = (ROOT / "book" / "zh" / "intro.md").read_text(encoding="utf-8")
+    section = preface.split("## 如何运行一章", 1)[1].split("\n## ", 1)[0]
+    assert course_site.local_install_command(URL, BRANCH) in section
+    assert "下载本章的笔记本" in section and "jupyter lab" in section
+    assert "Graphviz" in section
+    moved = preface.replace("attention-illustrated@main", "elsewhere@main")
+    assert course_site.local_install_command(URL, BRANCH) not in moved
