@@ -8,13 +8,22 @@ one copy routine that names the missing or mis-shaped tensor:
   tests of chapters 3 and 6).
 - The MiniLM checkpoint: a Hugging Face ``BertModel`` state dict (all-MiniLM-L6-v2)
   -> ``pretrained.MiniLMEncoder`` (``load_hf_bert``).
-- The Llama family: Hugging Face ``LlamaForCausalLM`` names (``load_hf_llama``) and
-  GGUF files, llama.cpp's format, read through the ``gguf`` package
-  (``load_gguf_llama``) -> a ``DecoderOnlyLM`` with a Llama config (chapter 10).
+- The Llama family: Hugging Face ``LlamaForCausalLM`` names (``llama_config_from_hf``,
+  ``load_hf_llama``) and GGUF files, llama.cpp's format (``gguf_loader``, whose
+  ``load_gguf_llama`` and ``llama_config_from_gguf`` can be imported from here too)
+  -> a ``DecoderOnlyLM`` with a Llama config (chapter 10).
+
+A Llama checkpoint is never loaded silently different from its reference
+implementation (transformers, llama.cpp): every key of its configuration either
+changes the model as the reference says or is refused by name (``HF_LLAMA_KEYS``,
+``gguf_loader.GGUF_LLAMA_KEYS``, checked by ``check_keys``), RoPE scaling of type
+"linear" and "llama3" becomes ``TransformerConfig.rope_freq_factors`` (other types
+are refused), biases are loaded when the config has them, and a tensor the model has
+no place for is refused by name.
 
 Other libraries' names (``in_proj_weight``, ``attention.self.query``,
-``blk.0.attn_q.weight``, ``num_key_value_heads``) appear here and nowhere else in the
-library.
+``blk.0.attn_q.weight``, ``num_key_value_heads``) appear here and in ``gguf_loader``,
+nowhere else in the library.
 
 RoPE layout: Hugging Face's Llama rotates pairs (x_i, x_{i + d/2}) ("half"); llama.cpp's
 converter permutes each head's W^Q and W^K rows so that pairs are adjacent
@@ -24,8 +33,8 @@ not the checkpoint's; ``permute_rotary_rows`` converts one into the other.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -237,15 +246,29 @@ _FAMILIES = {
 }
 
 
-def llama_names(n_layers: int, family: str) -> dict[str, str]:
-    """Our parameter names -> the checkpoint's, for ``family`` "hf" or "gguf"."""
+def llama_names(
+    n_layers: int, family: str, *, bias: bool = False, ff_bias: bool | None = None
+) -> dict[str, str]:
+    """Our parameter names -> the checkpoint's, for ``family`` "hf" or "gguf"; with
+    ``bias`` the attention's biases too, with ``ff_bias`` (default ``bias``) the
+    feed-forward's (each weight's name with "bias" for "weight")."""
     _validation.one_of("family", family, _FAMILIES)
     col, prefix, _ = _FAMILIES[family]
+    ff_bias = bias if ff_bias is None else ff_bias
     names = {mine: theirs[col] for mine, theirs in _LLAMA.items()}
     for i in range(n_layers):
         for mine, theirs in _LLAMA_LAYER.items():
             names[f"layers.{i}.{mine}"] = prefix.format(i=i) + theirs[col]
+            if (bias and "attn." in mine) or (ff_bias and "ff." in mine):
+                names[f"layers.{i}.{mine[:-6]}bias"] = (
+                    names[f"layers.{i}.{mine}"][:-6] + "bias"
+                )
     return names
+
+
+def _llama_names_of(model: DecoderOnlyLM, family: str) -> dict[str, str]:
+    cfg = model.cfg
+    return llama_names(len(model.layers), family, bias=cfg.bias, ff_bias=cfg.ff_bias)
 
 
 def _check_layout(model: DecoderOnlyLM, family: str) -> None:
@@ -258,61 +281,193 @@ def _check_layout(model: DecoderOnlyLM, family: str) -> None:
         )
 
 
-def load_hf_llama(
-    model: DecoderOnlyLM, sd: Mapping[str, Tensor], *, check_layout: bool = True
-) -> DecoderOnlyLM:
-    """Copy a Hugging Face ``LlamaForCausalLM`` state dict into ``model`` (a
-    ``DecoderOnlyLM`` with a Llama config, ``llama_config_from_hf``). Returns it.
-
-    Raises:
-        KeyError / ValueError: a missing or mis-shaped tensor, named (``_load_table``).
-        ValueError: ``model.cfg.rope_layout`` is not "half" (unless not
-            ``check_layout``: chapter 10 shows what goes wrong).
-    """
-    if check_layout:
-        _check_layout(model, "hf")
-    return _load_table(model, llama_names(len(model.layers), "hf"), sd.get, "sd")
+def _refuse_unused(names: Mapping[str, str], stored, source: str, skip=()) -> None:
+    """Every tensor of the checkpoint (``stored``, its names) is one the table copied
+    (``names``' values) or one of ``skip`` (name fragments): a tensor nothing reads
+    would make the model differ from the reference. Raises ValueError naming it."""
+    used = set(names.values())
+    for name in stored:
+        if name not in used and not any(part in name for part in skip):
+            raise ValueError(
+                f"{source}: tensor {name!r} has no place in the model (a bias, expert or "
+                f"other part this loader does not build), so it is refused"
+            )
 
 
-def gguf_reader(path: str | Path):
-    """A ``gguf.GGUFReader`` of the file at ``path`` (raises ImportError naming the
-    pip command when the ``gguf`` package is missing)."""
-    try:
-        import gguf
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError("GGUF files are read with `pip install gguf`") from err
-    return gguf.GGUFReader(str(path))
+# What the Llama loaders do with each key of a checkpoint's configuration: "read"
+# (it sets the TransformerConfig field named), "must" (only that value is accepted:
+# another one would make a model this library does not build, so it is refused by
+# name), "skip" (it changes nothing in the logits, for the reason given). A key in no
+# table is refused by name; "prefix.*" covers every key under a prefix.
+READ, MUST, SKIP = "read", "must", "skip"
 
-
-def gguf_tensor(reader, name: str) -> Tensor | None:
-    """The tensor ``name`` of a GGUF file, dequantized to float32 (rows, cols) as an
-    ``nn.Linear.weight`` is laid out (GGUF's shape lists the sizes reversed), or None
-    when the file has no such tensor."""
-    from gguf.quants import dequantize
-
-    for t in reader.tensors:
-        if t.name == name:
-            return torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).float()
-    return None
-
-
-#: TransformerConfig fields -> GGUF metadata keys of a "llama" file.
-_GGUF_CONFIG = {
-    "n_layers": "llama.block_count",
-    "d_model": "llama.embedding_length",
-    "d_ff": "llama.feed_forward_length",
-    "n_heads": "llama.attention.head_count",
-    "n_kv_heads": "llama.attention.head_count_kv",
-    "rope_base": "llama.rope.freq_base",
-    "layer_norm_eps": "llama.attention.layer_norm_rms_epsilon",
-    "max_len": "llama.context_length",
-    "tgt_vocab_size": "llama.vocab_size",
+#: The keys of a Hugging Face ``LlamaConfig`` (``to_dict()`` in transformers 5, or a
+#: config.json; the 4.x names ``rope_theta``, ``rope_scaling``, ``torch_dtype`` too).
+HF_LLAMA_KEYS = {
+    "model_type": (MUST, "llama"),
+    "vocab_size": (READ, "tgt_vocab_size"),
+    "hidden_size": (READ, "d_model"),
+    "intermediate_size": (READ, "d_ff"),
+    "num_hidden_layers": (READ, "n_layers"),
+    "num_attention_heads": (READ, "n_heads"),
+    "num_key_value_heads": (READ, "n_kv_heads"),
+    "head_dim": (READ, "head_dim"),
+    "max_position_embeddings": (READ, "max_len"),
+    "rms_norm_eps": (READ, "layer_norm_eps"),
+    "tie_word_embeddings": (READ, "tie_embeddings"),
+    "attention_bias": (READ, "bias"),  # q, k, v and o projections
+    "mlp_bias": (READ, "ff_bias"),  # gate, up and down projections
+    "rope_parameters": (READ, "rope_base, rope_freq_factors (HF_ROPE_TYPES)"),
+    "rope_theta": (READ, "rope_base"),  # transformers 4
+    "rope_scaling": (READ, "rope_freq_factors (HF_ROPE_TYPES)"),  # transformers 4
+    "hidden_act": (MUST, "silu"),  # SwiGLU's gate
+    "is_encoder_decoder": (MUST, False),
+    "pruned_heads": (MUST, {}),  # transformers 4
+    "attention_dropout": (SKIP, "dropout acts in training only; built with 0"),
+    "initializer_range": (SKIP, "the initialisation of new weights; these are loaded"),
+    "pretraining_tp": (SKIP, "transformers 5's Llama never reads it (4.x: same sums)"),
+    "chunk_size_feed_forward": (SKIP, "Llama never reads it"),
+    "pad_token_id": (SKIP, "padding is marked by attention_mask"),
+    "bos_token_id": (SKIP, "generation's tokens, not the forward"),
+    "eos_token_id": (SKIP, "generation's tokens, not the forward"),
+    "use_cache": (SKIP, "the cache changes the cost, not the logits"),
+    "dtype": (SKIP, "the stored dtype; weights are copied into the model's own"),
+    "torch_dtype": (SKIP, "the stored dtype (transformers 4)"),
+    "output_attentions": (SKIP, "what a forward returns, not what it computes"),
+    "output_hidden_states": (SKIP, "what a forward returns, not what it computes"),
+    "return_dict": (SKIP, "what a forward returns, not what it computes"),
+    "id2label": (SKIP, "labels of a classification head, which is not built"),
+    "label2id": (SKIP, "labels of a classification head, which is not built"),
+    "problem_type": (SKIP, "the loss of a classification head, which is not built"),
+    "architectures": (SKIP, "class names; model_type says what the model is"),
+    "_name_or_path": (SKIP, "where it was loaded from"),
+    "transformers_version": (SKIP, "the version that wrote it"),
 }
+#: The RoPE types of ``rope_parameters`` built (as transformers'
+#: ``modeling_rope_utils`` computes them) and the keys each reads; another type
+#: ("dynamic", "yarn", "longrope", ...) or another key is refused by name.
+HF_ROPE_TYPES = {
+    "default": ("rope_theta",),
+    "linear": ("rope_theta", "factor"),
+    "llama3": (
+        "rope_theta",
+        "factor",
+        "low_freq_factor",
+        "high_freq_factor",
+        "original_max_position_embeddings",
+    ),
+}
+
+
+def check_keys(present: Mapping, table: Mapping, source: str) -> None:
+    """Every key of ``present`` (a config's or file's keys and values) is in
+    ``table`` (exactly, or under a "prefix.*"), and every "must" key has its value.
+
+    Raises ValueError naming the first key that is unknown or has another value.
+    (A value is read only to check or name it: a GGUF token list is long.)"""
+    prefixes = {k[:-1]: rule for k, rule in table.items() if k.endswith(".*")}
+    for key in present:
+        rule = table.get(key)
+        if rule is None:
+            rule = next((r for p, r in prefixes.items() if key.startswith(p)), None)
+        if rule is None:
+            raise ValueError(
+                f"{source}: key {key!r} = {_short(present[key])} is not one this "
+                "loader knows, so it is refused (it may change the model; see the "
+                "loader's table of keys)"
+            )
+        kind, detail = rule
+        if kind == MUST and present[key] != detail:
+            raise ValueError(
+                f"{source}: key {key!r} must be {detail!r} for the model this library "
+                f"builds, got {_short(present[key])}"
+            )
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def llama3_freq_factors(
+    d_k: int,
+    base: float,
+    factor: float,
+    low_freq_factor: float,
+    high_freq_factor: float,
+    original_max_position_embeddings: int,
+) -> tuple[float, ...]:
+    """Llama 3's RoPE scaling as d_k/2 factors dividing the frequencies theta_i:
+    1 for wavelengths 2 pi / theta_i under original / high_freq_factor, ``factor``
+    above original / low_freq_factor, and in between 1 / ((1 - s) / factor + s) with
+    s = (original / wavelength - low) / (high - low). Source: transformers'
+    ``_compute_llama3_parameters``; llama.cpp's converter writes the same factors as
+    a GGUF's ``rope_freqs``."""
+    theta = base ** (-torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)  # (d/2,)
+    wavelength = 2 * math.pi / theta
+    s = (original_max_position_embeddings / wavelength - low_freq_factor) / (
+        high_freq_factor - low_freq_factor
+    )
+    f = 1 / ((1 - s) / factor + s)  # the band between
+    f = torch.where(
+        wavelength < original_max_position_embeddings / high_freq_factor, 1.0, f
+    )
+    f = torch.where(
+        wavelength > original_max_position_embeddings / low_freq_factor, factor, f
+    )
+    return tuple(f.tolist())
+
+
+def _hf_rope(d: Mapping, d_k: int) -> tuple[float, tuple[float, ...] | None]:
+    """(rope_base, rope_freq_factors) of an HF config's RoPE parameters."""
+    rope = d.get("rope_parameters")
+    if rope is None:  # transformers 4: rope_theta and rope_scaling apart
+        rope = {
+            "rope_theta": d.get("rope_theta", 10000.0),
+            **(d.get("rope_scaling") or {}),
+        }
+    rope = dict(rope)
+    kind = rope.pop("rope_type", rope.pop("type", "default"))
+    if kind not in HF_ROPE_TYPES:
+        raise ValueError(
+            f"rope_parameters: rope_type {kind!r} is not built by this library (it "
+            f"would be loaded wrongly, so it is refused); built: {sorted(HF_ROPE_TYPES)}"
+        )
+    if rope.get("partial_rotary_factor", 1.0) == 1.0:
+        rope.pop("partial_rotary_factor", None)  # every coordinate rotates: the default
+    for key in rope:
+        if key not in HF_ROPE_TYPES[kind]:
+            raise ValueError(
+                f"rope_parameters: key {key!r} = {_short(rope[key])} is not read for "
+                f"rope_type {kind!r} (it may change the model), so it is refused"
+            )
+    base = float(rope.get("rope_theta", 10000.0))
+    if kind == "default":
+        return base, None
+    try:
+        if kind == "linear":
+            return base, (float(rope["factor"]),) * (d_k // 2)
+        return base, llama3_freq_factors(
+            d_k, base, **{k: rope[k] for k in HF_ROPE_TYPES[kind][1:]}
+        )
+    except KeyError as err:
+        raise ValueError(
+            f"rope_parameters: rope_type {kind!r} needs {err.args[0]!r}, it is missing"
+        ) from None
+
+
+_HF_REQUIRED = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "max_position_embeddings",
+)
 _LLAMA_SWITCHES = {  # what every Llama-family model has
     "positional": "rope",
     "norm": "rms",
     "activation": "swiglu",
-    "bias": False,
     "dropout": 0.0,
     "scale_embeddings": False,
     "norm_first": True,
@@ -321,54 +476,64 @@ _LLAMA_SWITCHES = {  # what every Llama-family model has
 }
 
 
-def llama_config_from_gguf(reader) -> TransformerConfig:
-    """The ``TransformerConfig`` of a GGUF "llama" file: sizes from its metadata, the
-    interleaved RoPE layout, tied embeddings when it has no ``output.weight``.
-
-    Raises ValueError if the file's architecture is not "llama"."""
-    arch = reader.fields["general.architecture"].contents()
-    if arch != "llama":
-        raise ValueError(f"reader: expected a 'llama' GGUF file, got {arch!r}")
-    sizes = {k: reader.fields[key].contents() for k, key in _GGUF_CONFIG.items()}
-    floats = ("rope_base", "layer_norm_eps")
-    sizes = {k: float(v) if k in floats else int(v) for k, v in sizes.items()}
-    tied = all(t.name != "output.weight" for t in reader.tensors)
-    return TransformerConfig(
-        **sizes, **_LLAMA_SWITCHES, tie_embeddings=tied, rope_layout="interleaved"
-    )
-
-
 def llama_config_from_hf(hf) -> TransformerConfig:
-    """The ``TransformerConfig`` of a Hugging Face ``LlamaConfig`` (half layout)."""
-    rope = getattr(hf, "rope_parameters", None) or {"rope_theta": hf.rope_theta}
+    """The ``TransformerConfig`` of a Hugging Face ``LlamaConfig`` (or its config.json
+    as a dict): half RoPE layout, every key handled as ``HF_LLAMA_KEYS`` says, RoPE
+    scaling of type "linear" or "llama3" as ``rope_freq_factors``, the biases of
+    ``attention_bias`` and ``mlp_bias``.
+
+    Raises:
+        ValueError: a key not in ``HF_LLAMA_KEYS``, a "must" key with another value
+            (model_type, hidden_act, ...), a RoPE type or RoPE key not built, each
+            named.
+    """
+    d = dict(hf.to_dict() if hasattr(hf, "to_dict") else hf)
+    check_keys(d, HF_LLAMA_KEYS, "hf config")
+    for key in _HF_REQUIRED:
+        if key not in d:
+            raise ValueError(
+                f"hf config: key {key!r} is missing (a config.json without it gets "
+                "LlamaConfig's default: load it with LlamaConfig.from_dict)"
+            )
+    fields = {
+        field: d[key]
+        for key, (kind, field) in HF_LLAMA_KEYS.items()
+        if kind == READ and key in d and not key.startswith("rope")
+    }
+    fields.setdefault("n_kv_heads", fields["n_heads"])
+    d_k = fields.get("head_dim") or fields["d_model"] // fields["n_heads"]
+    rope_base, factors = _hf_rope(d, d_k)
+    fields["bias"] = bool(fields.get("bias", False))
+    fields["ff_bias"] = bool(fields.get("ff_bias", False))
+    fields["tie_embeddings"] = bool(fields.get("tie_embeddings", False))
+    fields["layer_norm_eps"] = float(fields.get("layer_norm_eps", 1e-6))
     return TransformerConfig(
-        tgt_vocab_size=hf.vocab_size,
-        d_model=hf.hidden_size,
-        n_heads=hf.num_attention_heads,
-        n_kv_heads=hf.num_key_value_heads,
-        head_dim=getattr(hf, "head_dim", None),
-        d_ff=hf.intermediate_size,
-        n_layers=hf.num_hidden_layers,
-        max_len=hf.max_position_embeddings,
-        layer_norm_eps=hf.rms_norm_eps,
-        rope_base=float(rope["rope_theta"]),
-        tie_embeddings=hf.tie_word_embeddings,
+        **fields,
+        rope_base=rope_base,
+        rope_freq_factors=factors,
         **_LLAMA_SWITCHES,
     )
 
 
-def load_gguf_llama(
-    model: DecoderOnlyLM, reader, *, check_layout: bool = True
+def load_hf_llama(
+    model: DecoderOnlyLM, sd: Mapping[str, Tensor], *, check_layout: bool = True
 ) -> DecoderOnlyLM:
-    """Copy the tensors of a GGUF "llama" file (a ``gguf_reader``) into ``model``,
-    dequantized to float32 and in GGUF's own (interleaved) RoPE layout. Returns it.
+    """Copy a Hugging Face ``LlamaForCausalLM`` state dict into ``model`` (a
+    ``DecoderOnlyLM`` with a Llama config, ``llama_config_from_hf``), biases too when
+    ``model.cfg`` has them. Returns it.
 
-    Raises: as ``load_hf_llama``, with "interleaved" as the layout it needs.
+    Raises:
+        KeyError / ValueError: a missing or mis-shaped tensor, named (``_load_table``).
+        ValueError: a tensor of ``sd`` the model has no place for (a bias of a model
+            built without, ...), named; ``model.cfg.rope_layout`` is not "half"
+            (unless not ``check_layout``: chapter 10 shows what goes wrong).
     """
     if check_layout:
-        _check_layout(model, "gguf")
-    names = llama_names(len(model.layers), "gguf")
-    return _load_table(model, names, lambda n: gguf_tensor(reader, n), "gguf file")
+        _check_layout(model, "hf")
+    names = _llama_names_of(model, "hf")
+    # rotary_emb.inv_freq: the frequencies old transformers saved; recomputed, as theirs
+    _refuse_unused(names, sd.keys(), "sd", skip=("rotary_emb.inv_freq",))
+    return _load_table(model, names, sd.get, "sd")
 
 
 def permute_rotary_rows(w: Tensor, n_heads: int, to: str) -> Tensor:
@@ -388,3 +553,18 @@ def permute_rotary_rows(w: Tensor, n_heads: int, to: str) -> Tensor:
     d_half = w.shape[0] // n_heads // 2
     split = (n_heads, 2, d_half) if to == "interleaved" else (n_heads, d_half, 2)
     return w.reshape(*split, -1).transpose(1, 2).reshape(w.shape)
+
+
+def __getattr__(name: str):
+    """The GGUF loader's names, kept importable from here: ``gguf_loader`` holds them
+    (PEP 562: imported when first asked for, as gguf_loader imports this module)."""
+    if name in (
+        "gguf_reader",
+        "gguf_tensor",
+        "llama_config_from_gguf",
+        "load_gguf_llama",
+    ):
+        from transformer_course import gguf_loader
+
+        return getattr(gguf_loader, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

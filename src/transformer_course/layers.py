@@ -162,6 +162,8 @@ class TransformerLayer(nn.Module):
             passes them, as Hugging Face's ``num_key_value_heads``).
         norm: "layer" (LayerNorm) or "rms" (``RMSNorm``).
         bias: whether the attention and feed-forward projections have biases.
+        ff_bias: the feed-forward's biases when they differ from the attention's
+            (Hugging Face Llama's ``mlp_bias``); None: as ``bias``.
         rotary: a ``RotaryEmbedding`` for the self-attention (``positional="rope"``).
 
     ``forward(x, mask=None, *, memory=None, memory_mask=None, bias=None, cache=None,
@@ -199,6 +201,7 @@ class TransformerLayer(nn.Module):
         head_dim: int | None = None,
         norm: str = "layer",
         bias: bool = True,
+        ff_bias: bool | None = None,
         rotary: RotaryEmbedding | None = None,
     ):
         super().__init__()
@@ -219,10 +222,11 @@ class TransformerLayer(nn.Module):
         if cross_attention:
             self.cross_attn = attention()
             self.cross_attn_norm = make_norm(norm, d_model, eps)
+        ff_bias = bias if ff_bias is None else ff_bias
         if activation == "swiglu":
-            self.ff = SwiGLU(d_model, d_ff, dropout, bias)
+            self.ff = SwiGLU(d_model, d_ff, dropout, ff_bias)
         else:
-            self.ff = FeedForward(d_model, d_ff, dropout, activation, bias)
+            self.ff = FeedForward(d_model, d_ff, dropout, activation, ff_bias)
         self.ff_norm = make_norm(norm, d_model, eps)
         self.dropout = nn.Dropout(dropout)  # on each sub-layer's output
         self.self_attn_weights: Tensor | None = None

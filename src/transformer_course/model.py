@@ -62,7 +62,11 @@ class TransformerConfig:
     Raises:
         ValueError: d_model not a multiple of n_heads (without ``head_dim``),
             n_kv_heads not a divisor of n_heads, an unknown activation, norm,
-            positional or rope_layout.
+            positional or rope_layout, ``rope_freq_factors`` not d_k/2 numbers > 0.
+
+    ``rope_freq_factors`` divide RoPE's frequencies, one factor a pair (llama.cpp's
+    ``rope_freqs``; Hugging Face's ``rope_parameters`` of type "llama3" or "linear"
+    become such factors in ``interop.llama_config_from_hf``); stored as a tuple.
     """
 
     src_vocab_size: int = 64  # source (encoder) vocabulary V_src
@@ -84,8 +88,10 @@ class TransformerConfig:
     n_kv_heads: int | None = None  # key/value heads, GQA [num_key_value_heads]
     head_dim: int | None = None  # d_k, default d_model / n_heads [head_dim]
     norm: str = "layer"  # "layer" (LayerNorm) or "rms" (RMSNorm)
-    bias: bool = True  # biases in attention and feed-forward [attention_bias]
+    bias: bool = True  # biases in attention (and feed-forward) [attention_bias]
+    ff_bias: bool | None = None  # the feed-forward's, None: as bias [mlp_bias]
     rope_base: float = 10000.0  # RoPE's frequency base [rope_theta]
+    rope_freq_factors: tuple[float, ...] | None = None  # theta_i / f_i, d_k/2 of them
     rope_layout: str = "half"  # RoPE's pairs: "half" (HF) or "interleaved" (GGUF)
     scale_embeddings: bool = True  # token embeddings times sqrt(d_model) (3.4)
 
@@ -98,6 +104,15 @@ class TransformerConfig:
         _validation.one_of("norm", self.norm, NORMS)
         _validation.one_of("positional", self.positional, POSITIONAL)
         _validation.one_of("rope_layout", self.rope_layout, LAYOUTS)
+        if self.rope_freq_factors is not None:
+            factors = tuple(float(f) for f in self.rope_freq_factors)
+            object.__setattr__(self, "rope_freq_factors", factors)  # hashable
+            good = all(math.isfinite(f) and f > 0 for f in factors)
+            if len(factors) != self.d_k // 2 or not good:
+                raise ValueError(
+                    f"rope_freq_factors: expected d_k / 2 = {self.d_k // 2} finite "
+                    f"factors > 0, got {factors}"
+                )
 
     @property
     def d_k(self) -> int:
@@ -143,7 +158,12 @@ class InputEmbedding(nn.Module):
 def _layers(cfg: TransformerConfig, n: int, *, cross_attention: bool) -> nn.ModuleList:
     rotary = None
     if cfg.positional == "rope":
-        rotary = RotaryEmbedding(cfg.d_k, base=cfg.rope_base, layout=cfg.rope_layout)
+        rotary = RotaryEmbedding(
+            cfg.d_k,
+            base=cfg.rope_base,
+            layout=cfg.rope_layout,
+            freq_factors=cfg.rope_freq_factors,
+        )
     return nn.ModuleList(
         TransformerLayer(
             cfg.d_model,
@@ -159,6 +179,7 @@ def _layers(cfg: TransformerConfig, n: int, *, cross_attention: bool) -> nn.Modu
             head_dim=cfg.head_dim,
             norm=cfg.norm,
             bias=cfg.bias,
+            ff_bias=cfg.ff_bias,
             rotary=rotary,
         )
         for _ in range(n)

@@ -80,6 +80,24 @@ def _inv_freq(n_pairs: int, d: int, base: float, device=None) -> Tensor:
     return base ** (-two_i / d)
 
 
+def _rotary_inv_freq(d: int, base: float, freq_factors, device=None) -> Tensor:
+    """theta_i = base^(-2i / d) / f_i (float64, (d/2,)): the rotary frequencies, each
+    divided by its factor f_i when ``freq_factors`` (d/2 positive numbers) is given, as
+    llama.cpp divides by a GGUF's ``rope_freqs`` (``ggml_rope_ext``'s freq_factors;
+    Llama 3's and linear RoPE scaling are such factors). Raises ValueError naming
+    ``freq_factors`` for a wrong length or a factor that is not finite and > 0."""
+    inv = _inv_freq(d // 2, d, base, device)
+    if freq_factors is None:
+        return inv
+    f = torch.as_tensor(freq_factors, dtype=torch.float64, device=device)
+    if f.shape != (d // 2,) or not bool(torch.isfinite(f).all() and (f > 0).all()):
+        raise ValueError(
+            f"freq_factors: expected {d // 2} finite factors > 0 (one per pair of a "
+            f"head of {d}), got {tuple(f.tolist()) if f.dim() == 1 else tuple(f.shape)}"
+        )
+    return inv / f
+
+
 def sinusoidal_encoding(
     max_len: int,
     d_model: int,
@@ -254,10 +272,15 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
 
 
 def apply_rotary(
-    x: Tensor, positions: Tensor, *, layout: str = "half", base: float = 10000.0
+    x: Tensor,
+    positions: Tensor,
+    *,
+    layout: str = "half",
+    base: float = 10000.0,
+    freq_factors=None,
 ) -> Tensor:
     """Rotary position embedding: rotate pair i of every vector by pos * theta_i,
-    theta_i = base^(-2i / d).
+    theta_i = base^(-2i / d) (divided by ``freq_factors[i]`` when given).
 
     Applied to queries and keys (not values), it makes q_m . k_n depend on the
     positions only through m - n, and it preserves every vector's norm.
@@ -274,13 +297,15 @@ def apply_rotary(
             fixed permutation of the coordinates; weights trained with one layout need
             that layout.
         base: the frequency base (10000 in the paper).
+        freq_factors: optional d/2 factors > 0 dividing the frequencies (a GGUF's
+            ``rope_freqs``; Llama 3's and linear RoPE scaling, ``interop``).
 
     Returns:
         Tensor of x's shape and dtype (the angles are computed in float32 or better).
 
     Raises:
-        TypeError / ValueError: non-float x, odd d, an unknown layout, or positions
-        that do not match T.
+        TypeError / ValueError: non-float x, odd d, an unknown layout, positions
+        that do not match T, or ``freq_factors`` not d/2 positive numbers.
 
     Source: Su et al. 2021, section 3.2, equations (13)-(16).
     """
@@ -295,7 +320,7 @@ def apply_rotary(
     _validation.positions(positions, x.shape[-2], allow_negative=True)
     d = x.shape[-1]
     work = _work_dtype(x)
-    inv = _inv_freq(d // 2, d, base, x.device).to(work)  # (d/2,)
+    inv = _rotary_inv_freq(d, base, freq_factors, x.device).to(work)  # (d/2,)
     angles = positions.to(work)[..., None] * inv  # (T, d/2) or (B, T, d/2)
     return _rotate_at(x, torch.cos(angles), torch.sin(angles), layout)
 
@@ -335,6 +360,8 @@ class RotaryEmbedding(nn.Module):
     Args:
         d_k: head size d (even).
         base: frequency base; layout: ``"half"`` or ``"interleaved"``.
+        freq_factors: optional d/2 factors > 0 dividing the frequencies, as in
+            ``apply_rotary`` (a tuple, kept as given).
 
     ``forward(q, k, positions_q=None, positions_k=None)`` rotates queries (..., T, d)
     and keys (..., S, d); positions default to ``0..T-1`` / ``0..S-1``, except that
@@ -354,14 +381,23 @@ class RotaryEmbedding(nn.Module):
     ``LlamaRotaryEmbedding`` and GPT-NeoX.
     """
 
-    def __init__(self, d_k: int, *, base: float = 10000.0, layout: str = "half"):
+    def __init__(
+        self,
+        d_k: int,
+        *,
+        base: float = 10000.0,
+        layout: str = "half",
+        freq_factors=None,
+    ):
         super().__init__()
         _validation.positive_int("d_k", d_k, 2)
         if d_k % 2:
             raise ValueError(f"d_k: expected an even head size, got {d_k}")
         if layout not in LAYOUTS:
             raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+        _rotary_inv_freq(d_k, base, freq_factors)  # fail now on bad factors
         self.d_k, self.base, self.layout = d_k, base, layout
+        self.freq_factors = freq_factors
         self._cos: Tensor | None = None  # (n, d/2) float32, row p = cos(p * theta)
         self._sin: Tensor | None = None  # (n, d/2)
         self._last = None  # (positions, its version, their cos/sin rows or None)
@@ -385,6 +421,7 @@ class RotaryEmbedding(nn.Module):
     def _rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """``apply_rotary(x, positions)`` with the cos/sin rows of the table."""
         rot = {"layout": self.layout, "base": self.base}
+        rot["freq_factors"] = self.freq_factors  # apply_rotary's arguments
         if not isinstance(x, Tensor) or _work_dtype(x) != torch.float32:
             return apply_rotary(x, positions, **rot)  # float64, or the error
         _validation.positions(positions, x.shape[-2], allow_negative=True)
@@ -426,11 +463,12 @@ class RotaryEmbedding(nn.Module):
         """The cos and sin tables, with at least n rows, on ``device``."""
         if self._cos is None or self._cos.shape[0] < n or self._cos.device != device:
             size = max(n, 2 * self._cos.shape[0] if self._cos is not None else 64)
-            inv = _inv_freq(self.d_k // 2, self.d_k, self.base, device)
+            inv = _rotary_inv_freq(self.d_k, self.base, self.freq_factors, device)
             pos = torch.arange(size, device=device).to(torch.float32)
             angles = pos[:, None] * inv.to(torch.float32)  # (size, d/2)
             self._cos, self._sin = torch.cos(angles), torch.sin(angles)
         return self._cos, self._sin
 
     def extra_repr(self) -> str:
-        return f"d_k={self.d_k}, base={self.base}, layout={self.layout!r}"
+        scaled = "" if self.freq_factors is None else ", freq_factors=(...)"
+        return f"d_k={self.d_k}, base={self.base}, layout={self.layout!r}{scaled}"

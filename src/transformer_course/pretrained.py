@@ -30,12 +30,12 @@ import torch
 from torch import nn
 
 from transformer_course import _validation
-from transformer_course.interop import (
+from transformer_course.gguf_loader import (
     gguf_reader,
     llama_config_from_gguf,
     load_gguf_llama,
-    load_hf_bert,
 )
+from transformer_course.interop import load_hf_bert
 from transformer_course.layers import TransformerLayer
 from transformer_course.model import (
     DecoderOnlyLM,
