@@ -365,6 +365,22 @@ THEME = {
 }
 _PLAYER_ATTRIBUTE = re.compile(r'\b(title|aria-label)="([^"]*)"')
 _PLAYER_LABEL = re.compile(r'(<label for="_anim_radio\d_\w+">)([^<]*)(</label>)')
+# sphinx-exercise's titles: "练习 1.1  (标题)" (two spaces, ASCII parentheses) and
+# "解答 练习 1.1 (标题)" become "练习 1.1（标题）" and "参考答案：练习 1.1（标题）", the
+# word the Chinese notebooks use (tools/sync_notebooks.py EDITION_WORDS)
+_EXERCISE_TITLE = re.compile(
+    r'(<span class="caption-number">练习 [\d.]+) </span>(?: \((.*?)\))?</p>', re.DOTALL
+)
+_SOLUTION_TITLE = re.compile(
+    r'<p class="admonition-title">解答<a ([^>]*)> (练习 [\d.]+)(?: \((.*?)\))?</a></p>',
+    re.DOTALL,
+)
+
+
+def _titled(title: str | None) -> str:
+    return f"（{title}）" if title else ""
+
+
 _ENGLISH_ALT = re.compile(r'<img(?![^>]*\blang=)([^>]*\balt="([^"]*)")', re.IGNORECASE)
 _SVG_TITLE = re.compile(r"<title>([^<]*)</title>")
 
@@ -380,8 +396,9 @@ def _toggles(app, doctree, docname) -> None:
 
 
 def chinese_furniture(body: str) -> str:
-    """A Chinese page's HTML ``body`` with the player's labels in Chinese and each
-    image or SVG title whose text has no Chinese marked ``lang="en"``."""
+    """A Chinese page's HTML ``body`` with the player's labels in Chinese, the
+    exercises' and solutions' titles in Chinese typography, and each image or SVG title
+    whose text has no Chinese marked ``lang="en"``."""
     if "_anim_" in body:
         body = _PLAYER_ATTRIBUTE.sub(
             lambda m: f'{m[1]}="{PLAYER.get(m[2], m[2])}"', body
@@ -389,6 +406,15 @@ def chinese_furniture(body: str) -> str:
         body = _PLAYER_LABEL.sub(
             lambda m: m[1] + PLAYER.get(m[2].strip(), m[2]) + m[3], body
         )
+
+    body = _EXERCISE_TITLE.sub(lambda m: f"{m[1]}</span>{_titled(m[2])}</p>", body)
+    body = _SOLUTION_TITLE.sub(
+        lambda m: (
+            f'<p class="admonition-title">参考答案：<a {m[1]}>{m[2]}'
+            f"{_titled(m[3])}</a></p>"
+        ),
+        body,
+    )
 
     def alt(match: re.Match) -> str:
         if HAN.search(match[2]) or not match[2].strip():

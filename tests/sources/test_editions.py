@@ -425,3 +425,20 @@ def test_the_chinese_theme_catalog_translates_the_theme_strings(tmp_path):
     ):
         template = (ROOT / "book" / "_ext" / "templates" / f"{name}.html").read_text()
         assert "{{ _('" in template, name
+
+
+def test_the_chinese_exercise_titles_are_set_in_chinese_typography():
+    """Chinese review 2026-12-03, M6: "练习 1.1  (标题)" with two spaces and ASCII
+    parentheses, and "解答 练习 1.1 (…)" where the notebooks write 参考答案."""
+    html = (
+        '<p class="admonition-title"><span class="caption-number">练习 1.1 </span> '
+        "(有缺失条目的软查找)</p>"
+        '<p class="admonition-title">解答<a class="reference internal" href="#ex-a"> '
+        "练习 1.1 (有缺失条目的软查找)</a></p>"
+    )
+    out = zh_edition.chinese_furniture(html)
+    assert (
+        '<span class="caption-number">练习 1.1</span>（有缺失条目的软查找）</p>' in out
+    )
+    assert ">参考答案：<a " in out and ">练习 1.1（有缺失条目的软查找）</a>" in out
+    assert " (" not in out and "解答" not in out
