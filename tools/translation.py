@@ -287,13 +287,16 @@ _CODE_RUN = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
 _CODE_PUNCTUATION = re.compile(r"[=()\[\]~@_<>!*/+.|#]|\d")
 
 
-def chinese_prose(text: str) -> str:
+def chinese_prose(text: str, names: tuple[str, ...] = ()) -> str:
     """The prose of a Chinese page (``prose``: no code, math, roles, links) without
     what may stay English in it: indented code blocks, glosses (a
     full-width parenthetical without a Chinese character, ``暂退法（dropout）``), quoted
     output labels glossed right after (``“previous token”（前一个词元）``), repository
-    names (``owner/name``) and a notebook's bibliography lines."""
+    names (``owner/name``), ``names`` (the glossary's: the book's English title) and a
+    notebook's bibliography lines."""
     text = _BIB_LINE.sub(" ", prose(text))
+    for name in names:
+        text = text.replace(name, " ")
     text = _REPOSITORY.sub(" ", text)
     text = _INDENTED_CODE.sub("\n", text)
     text = _QUOTED_LABEL.sub(" ", text)

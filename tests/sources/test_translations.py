@@ -233,13 +233,14 @@ def test_glossary_check_rejects_a_wrong_variant_and_a_missing_term():
 # Chinese notebooks' markdown; the glossary's header says what may stay English.
 GLOSSARY = yaml.safe_load((ZH / "glossary.yml").read_text(encoding="utf-8"))
 CODE_NAMES = tuple(GLOSSARY.get("catalog_code_names") or ())
+NAMES = tuple(GLOSSARY.get("names") or ())
 NOTEBOOKS = sorted((ROOT / "notebooks" / "zh").glob("*.ipynb"))
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem)
 def test_a_chinese_page_writes_one_term_per_concept(page):
     problems = translation.term_problems(
-        translation.chinese_prose(chinese(page)), TERMS
+        translation.chinese_prose(chinese(page), NAMES), TERMS
     )
     assert not problems, f"{page.name}: " + "; ".join(problems)
 
@@ -247,7 +248,9 @@ def test_a_chinese_page_writes_one_term_per_concept(page):
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_a_chinese_notebook_writes_one_term_per_concept(notebook):
     markdown = translation.notebook_markdown(notebook)
-    problems = translation.term_problems(translation.chinese_prose(markdown), TERMS)
+    problems = translation.term_problems(
+        translation.chinese_prose(markdown, NAMES), TERMS
+    )
     assert not problems, f"notebooks/zh/{notebook.name}: " + "; ".join(problems)
 
 
@@ -297,6 +300,10 @@ def test_the_term_check_rejects_a_planted_variant_and_english_left_in_prose():
     # an ordinary word that contains a variant is not one: 运行和修改 = run and change
     ordinary = "想亲手运行和修改代码。"
     assert translation.term_problems(translation.chinese_prose(ordinary), TERMS) == []
+    # the book's English title is a name, not the term "attention"
+    title = "注明出自 “Attention, Illustrated”。"
+    assert translation.term_problems(translation.chinese_prose(title), TERMS)
+    assert not translation.term_problems(translation.chinese_prose(title, NAMES), TERMS)
 
 
 def test_the_catalog_check_keeps_code_and_rejects_english_prose():
