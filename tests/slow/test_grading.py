@@ -1431,3 +1431,89 @@ def test_a_forked_daemon_is_reported_as_the_submissions(graded):
     flags = graded["grades"]["02_forked_daemon"]["flags"]
     assert "a fork (os.fork) of the notebook's own process" in flags, flags
     assert "course_grading.worker" not in flags.replace("re-check worker", "")
+
+
+def test_chinese_handouts_are_built_from_book_zh(tmp_path):
+    """Issue 41 item 5: ``--edition zh`` builds the handouts from book/zh/ (Chinese
+    text, Chinese self-check messages) into their own folder."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "assignments.py"),
+            "assign",
+            "--edition",
+            "zh",
+            "--no-run-tests",
+            "--chapters",
+            "09",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    nb = nbformat.read(
+        tmp_path / "09_smaller_models" / "student" / "09_smaller_models.ipynb",
+        as_version=4,
+    )
+    text = "\n".join(c.source for c in nb.cells)
+    assert 'os.environ["TRANSFORMER_COURSE_LANG"] = "zh"' in text
+    assert "上面的 `soft_loss_inline`" in text and "def soft_loss_inline(" in text
+    assert "Hinton et al.'s loss" not in text  # known wrong: the English prompt
+    spec = json.loads((tmp_path / "09_smaller_models" / "grading.json").read_text())
+    assert spec["edition"] == "zh" and spec["assignment"] == "09_smaller_models"
+    assert assignments.default_out("zh").name == "assignments-zh"
+
+
+def test_feedback_speaks_the_language_of_the_checks(monkeypatch):
+    """Issue 41 item 5: with TRANSFORMER_COURSE_LANG=zh the feedback's own words are
+    Chinese, like the checks' messages."""
+    from course_grading.feedback import feedback
+
+    spec = {"questions": [{"name": "q", "label": "ex-q", "points": 1, "title": "T"}]}
+    result = {
+        "student": "alice",
+        "assignment": "02_x",
+        "status": "ok",
+        "scores": {"q": 1.0},
+        "otter": {"q": 1.0},
+        "otter_tests": {},
+        "recheck": {"q": {"score": 1.0, "message": "passed: ..."}, "_setup": {}},
+    }
+    monkeypatch.setenv("TRANSFORMER_COURSE_LANG", "zh")
+    assert "总分: 1 / 1" in feedback(result, spec)
+    monkeypatch.setenv("TRANSFORMER_COURSE_LANG", "en")  # known right: English
+    assert "Total: 1 / 1" in feedback(result, spec)
+
+
+def test_learner_messages_are_capped_and_their_paths_replaced():
+    """Finding 2: the feedback copied a learner's exception text without a limit."""
+    from course_grading.recheck import capped, echoed
+
+    leak = "/srv/course/grades.csv\n" + "alice,3\n" * 500
+    assert len(capped(leak)) < 320 and "/srv" not in capped(leak)
+    assert "<path>" in capped(leak) and echoed(leak).startswith("paths /srv/course")
+    # known right: an ordinary error keeps its words and is not flagged
+    plain = "shape mismatch: (2, 3) @ (4, 5); 1/sqrt(d_k) missing"
+    assert capped(plain) == plain and echoed(plain) == ""
+
+
+def test_the_worker_records_attempts_the_notebook_catches(tmp_path, monkeypatch):
+    """Finding 7: blocked writes and connections were flagged only when the error
+    escaped the cell; the worker's audit hook records them either way."""
+    from course_grading import worker
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(worker, "ATTEMPTS", [])
+    worker._audit("open", (str(tmp_path / "mine.txt"), "w", 0))  # its own folder
+    worker._audit("open", ("/var/tmp/x.txt", "w", 0))
+    worker._audit("open", ("/srv/nothing-here/grades.csv", "r", 0))
+    worker._audit("socket.connect", (None, ("127.0.0.1", 9)))
+    assert worker.ATTEMPTS == [
+        "write /var/tmp/x.txt (outside its folder: read-only)",
+        "read /srv/nothing-here/grades.csv (not in the sandbox)",
+        "connect ('127.0.0.1', 9) (no network in the sandbox)",
+    ]

@@ -56,8 +56,9 @@ def _audit(event: str, args: tuple) -> None:
                 os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
             )
             inside = full == os.getcwd() or full.startswith(os.getcwd() + os.sep)
-            if writes and not inside:
-                _attempt(f"write {full} (outside its folder: read-only)")
+            if writes:
+                if not inside:
+                    _attempt(f"write {full} (outside its folder: read-only)")
             elif (
                 path.startswith("/")
                 and not full.startswith(_SYSTEM)
