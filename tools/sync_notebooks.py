@@ -52,6 +52,7 @@ def repository() -> tuple[str, str]:
 EDITION_WORDS = {
     "en": {
         "exercise": "Exercise",
+        "exercise_ref": "the exercise “{title}”",
         "solution": "Solution (click to open)",
         "sep": ": ",
         "prose": "Run to read this text with the numbers measured above",
@@ -61,6 +62,8 @@ EDITION_WORDS = {
     },
     "zh": {
         "exercise": "练习",
+        # the Chinese prose already says 练习 before the reference: 练习 {ref}`ex-...`
+        "exercise_ref": "“{title}”",
         "solution": "参考答案（点击展开）",
         "sep": "：",
         "prose": "运行此单元格，用上面实测的数字显示这段文字",
@@ -270,7 +273,9 @@ def labels_of(text: str) -> dict[str, str]:
     for m in _LABELLED.finditer(text):
         title = m["arg"].strip() or m["name"]
         labels[m["label"]] = (
-            f"the exercise “{title}”" if m["name"] == "exercise" else f"“{title}”"
+            WORDS["exercise_ref"].format(title=title)
+            if m["name"] == "exercise"
+            else f"“{title}”"
         )
     return labels
 
