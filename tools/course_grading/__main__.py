@@ -1,11 +1,12 @@
 """Instructor workflow on otter-grader (book/instructor_guide.md).
 
-    python tools/assignments.py assign [--chapters 01 2 ...] [--only LABEL ...]
-                                       [--points LABEL=N ...] [--out dist/assignments]
+    python tools/assignments.py assign [--chapters 01 2 ch05 masks ...] [--only LABEL ...]
+                                       [--points LABEL=N ...] [--edition en|zh]
+                                       [--out dist/assignments] [--no-run-tests]
     python tools/assignments.py grade SUBMISSIONS [--sandbox auto|bwrap|none]
                                       [--assignments dist/assignments] [--out DIR]
-                                      [--timeout 600] [--call-timeout 60] [--memory 4096]
-                                      [--jobs 1]
+                                      [--assignment NAME] [--timeout 600]
+                                      [--call-timeout 60] [--memory 4096] [--jobs 1]
 
 (``python -m course_grading ...`` with tools/ on PYTHONPATH is the same.)
 """
