@@ -197,7 +197,9 @@ def llama_config_from_gguf(reader) -> TransformerConfig:
     meta = _Metadata(reader)
     arch = meta["general.architecture"]
     if arch != "llama":
-        raise ValueError(f"reader: expected a 'llama' GGUF file, got {arch!r}")
+        raise ValueError(
+            f"reader: expected a 'llama' GGUF file (general.architecture), got {arch!r}"
+        )
     check_keys(meta, GGUF_LLAMA_KEYS, "gguf file")
     for key in _REQUIRED:
         _one(meta, key, int if "epsilon" not in key else float)  # raises if missing

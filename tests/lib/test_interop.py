@@ -588,3 +588,58 @@ def test_rope_freq_factors_divide_the_frequencies_in_every_path(tiny_config):
         with pytest.raises(ValueError, match="rope_freq_factors"):
             tiny_config(positional="rope", rope_freq_factors=bad)
     assert tiny_config(rope_freq_factors=[1, 2, 4, 8]).rope_freq_factors == (1, 2, 4, 8)
+
+
+#: A changed value for every key of GGUF_LLAMA_KEYS (one key for each "prefix.*"),
+#: and what the loader must do with it.
+GGUF_CHANGES = {
+    "general.architecture": ("gemma", "refused"),
+    "general.*": ("general.name", "another name", "skipped"),
+    "GGUF.*": ("GGUF.kv_count", 99, "skipped"),
+    "tokenizer.*": ("tokenizer.ggml.model", "gpt2", "skipped"),
+    "llama.vocab_size": (67, "read"),
+    "llama.context_length": (128, "read"),
+    "llama.embedding_length": (64, "read"),
+    "llama.block_count": (3, "read"),
+    "llama.feed_forward_length": (50, "read"),
+    "llama.attention.head_count": (8, "read"),
+    "llama.attention.head_count_kv": (4, "read"),
+    "llama.attention.key_length": (16, "read"),
+    "llama.attention.value_length": (16, "refused"),  # not the head size 8
+    "llama.rope.dimension_count": (4, "refused"),  # partial RoPE
+    "llama.attention.layer_norm_rms_epsilon": (1e-3, "read"),
+    "llama.rope.freq_base": (500.0, "read"),
+    "llama.rope.scaling.type": ("yarn", "refused"),
+    "llama.rope.scaling.factor": (4.0, "read"),  # the type's default is linear
+    "llama.rope.scale_linear": (4.0, "read"),
+    "llama.rope.scaling.original_context_length": (99, "skipped"),
+    "llama.rope.scaling.finetuned": (True, "skipped"),
+    "llama.expert_count": (8, "refused"),
+    "llama.expert_used_count": (2, "refused"),
+}
+
+
+def test_every_gguf_key_is_read_skipped_or_refused_as_its_table_says(tmp_path):
+    from types import SimpleNamespace
+
+    from transformer_course.gguf_loader import GGUF_LLAMA_KEYS, llama_config_from_gguf
+
+    assert set(GGUF_CHANGES) == set(GGUF_LLAMA_KEYS)  # a new key gets a test here
+    drop = ("llama.attention.value_length", "llama.rope.dimension_count")
+    reader = write_gguf(tmp_path / "a.gguf", hf_llama(), drop=drop)  # both optional
+
+    def changed(key, value):
+        fields = {**reader.fields, key: _Field(value)}
+        return SimpleNamespace(fields=fields, tensors=reader.tensors, byte_order="I")
+
+    base = llama_config_from_gguf(changed("general.architecture", "llama"))
+    for entry, change in GGUF_CHANGES.items():
+        key, value, outcome = change if entry.endswith(".*") else (entry, *change)
+        if outcome == "refused":
+            with pytest.raises(ValueError, match=f"{key}"):
+                llama_config_from_gguf(changed(key, value))
+        else:
+            cfg = llama_config_from_gguf(changed(key, value))
+            assert (cfg != base) == (outcome == "read"), key
+    with pytest.raises(ValueError, match="'llama.attention.clamp_kqv'"):
+        llama_config_from_gguf(changed("llama.attention.clamp_kqv", 8.0))  # unknown
