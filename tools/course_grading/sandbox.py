@@ -223,9 +223,14 @@ class Sandbox:
         python = {Path(sys.base_prefix), Path(sys.executable).resolve().parent}
         for p in sorted(python, key=lambda p: len(p.parts)):
             real = p.resolve()
-            if not any(_under(real, b) for b in bound) and real.is_dir():
-                args += ["--ro-bind", str(real), str(real)]
-                bound.append(real)
+            if any(_under(real, b) for b in bound) or not real.is_dir():
+                continue
+            if len(real.parts) < 3:  # "/" or "/opt" whole would bind others' files
+                raise SandboxUnavailable(
+                    f"Python lives in {real}: bind a folder of its own instead"
+                )
+            args += ["--ro-bind", str(real), str(real)]
+            bound.append(real)
         if venv is not None:
             args += ["--ro-bind", str(venv.resolve()), VENV_MOUNT]
         hidden = sorted(
