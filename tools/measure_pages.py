@@ -4,8 +4,11 @@ of 1000 px, the share of that height taken by visible code cells (a collapsed ce
 counts as its toggle) and by figures + diagrams + animations, the number of diagrams
 (``<figure class="tc-diagram">``, written by ``transformer_course.viz.diagrams``) and of
 animations (``div.animation`` from ``to_jshtml``), the code cells and outputs that
-scroll sideways, and the smallest figure text in px (the ``data-min-text-px`` the viz
-functions attach to diagrams and ``img.tc-figure``).
+scroll sideways, the display equations wider than the column they sit in (MathJax's
+rendered width against the width of the block that holds ``div.math``: such an equation
+scrolls or is cut off, whatever the style sheet does with it), and the smallest figure
+text in px (the ``data-min-text-px`` the viz functions attach to diagrams and
+``img.tc-figure``). It waits for MathJax to finish typesetting before it measures.
 
     python tools/measure_pages.py [_build/html] [--json]
 
@@ -30,7 +33,10 @@ WIDTH, SCREEN = 1280, 1000  # window width; one "screen" of page height
 
 # Runs in the page; returns the raw measurements (px) of the article.
 _MEASURE_JS = r"""
-() => {
+async () => {
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+    await MathJax.startup.promise;  // equations typeset: their widths are final
+  }
   // inside a closed <details> nothing shows, whatever its boxes say
   const boxed = (el) => el.getClientRects().length > 0;
   const shown = (el) => boxed(el) && !el.closest("details:not([open])");
@@ -50,6 +56,18 @@ _MEASURE_JS = r"""
     .filter((el) => shown(el) && el.scrollWidth > el.clientWidth + 1)
     .map((el) => el.closest(".cell_input") ? "code" : "output");
   const sizes = all("[data-min-text-px]").map((el) => parseFloat(el.dataset.minTextPx));
+  // a display equation against the content width of the block around its div.math
+  const column = (el) => {
+    const box = el.closest("div.math").parentElement;
+    const style = getComputedStyle(box);
+    return box.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+  };
+  const mathWidths = all("div.math mjx-container[display='true']")
+    .filter(shown)
+    .map((el) => {
+      const svg = el.querySelector(":scope > svg");
+      return [svg ? svg.getBoundingClientRect().width : el.scrollWidth, column(el)];
+    });
   return {
     height: document.documentElement.scrollHeight,
     code: sum(code) + sum(toggles),
@@ -59,6 +77,8 @@ _MEASURE_JS = r"""
     wide_code: wide.filter((w) => w === "code").length,
     wide_outputs: wide.filter((w) => w === "output").length,
     min_text_px: sizes.length ? Math.min(...sizes) : null,
+    wide_math_px: mathWidths.filter(([w, c]) => w > c + 1).map(([w, c]) => Math.round(w)),
+    math: mathWidths.length,
   };
 }
 """
@@ -67,8 +87,9 @@ _MEASURE_JS = r"""
 def measure(page) -> dict:
     """Measurements of one loaded page: ``screens`` (height / 1000 px), ``code_share``
     and ``figure_share`` (fractions of the height), ``diagrams``, ``animations``,
-    ``wide_code`` and ``wide_outputs`` (elements that scroll sideways) and
-    ``min_text_px`` (None when no figure states it)."""
+    ``wide_code`` and ``wide_outputs`` (elements that scroll sideways), ``math`` (display
+    equations), ``wide_math`` (those wider than their column) with ``wide_math_px``
+    (their widths, px) and ``min_text_px`` (None when no figure states it)."""
     raw = page.evaluate(_MEASURE_JS)
     h = max(raw["height"], 1)
     return {
@@ -76,6 +97,9 @@ def measure(page) -> dict:
         "code_share": raw["code"] / h,
         "figure_share": raw["figures"] / h,
         **{k: raw[k] for k in ("diagrams", "animations", "wide_code", "wide_outputs")},
+        "math": raw["math"],
+        "wide_math": len(raw["wide_math_px"]),
+        "wide_math_px": raw["wide_math_px"],
         "min_text_px": raw["min_text_px"],
     }
 
@@ -88,6 +112,7 @@ BAR = {
     "animations": (">=", 2),
     "wide_code": ("<=", 0),  # code cells that scroll sideways
     "wide_outputs": ("<=", 0),
+    "wide_math": ("<=", 0),  # display equations wider than the column
     "min_text_px": (">=", 10.0),  # the smallest figure text on the page
 }
 
@@ -103,6 +128,8 @@ def bar_problems(m: dict) -> list[str]:
             shown = (
                 f"{value:.0%}" if key.endswith("share") and value is not None else value
             )
+            if key == "wide_math":
+                shown = f"{value} ({', '.join(f'{w} px' for w in m.get('wide_math_px', []))})"
             problems.append(f"{key} {shown}, expected {op} {limit}")
     return problems
 
@@ -139,14 +166,14 @@ def measure_site(site: Path, browser) -> dict[str, dict]:
 def table(results: dict[str, dict]) -> str:
     """The measurements as a Markdown table."""
     head = ("| chapter | screens | code | figures | diagrams | animations | "
-            "wide code | wide outputs | smallest text px |")  # fmt: skip
-    rows = [head, "|" + "---|" * 9]
+            "wide code | wide outputs | wide equations | smallest text px |")  # fmt: skip
+    rows = [head, "|" + "---|" * 10]
     for name, m in results.items():
         px = "?" if m["min_text_px"] is None else f"{m['min_text_px']:.1f}"
         rows.append(
             f"| {name} | {m['screens']:.1f} | {m['code_share']:.0%} | "
             f"{m['figure_share']:.0%} | {m['diagrams']} | {m['animations']} | "
-            f"{m['wide_code']} | {m['wide_outputs']} | {px} |"
+            f"{m['wide_code']} | {m['wide_outputs']} | {m['wide_math']} | {px} |"
         )
     return "\n".join(rows)
 

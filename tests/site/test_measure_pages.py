@@ -1,6 +1,6 @@
 """tools/measure_pages.py on hand-written pages of known geometry in Debian's chromium:
-heights, shares of code and figures, diagrams, animations, sideways scrolling and the
-smallest figure text."""
+heights, shares of code and figures, diagrams, animations, sideways scrolling, display
+equations wider than their column and the smallest figure text."""
 
 from __future__ import annotations
 
@@ -28,12 +28,19 @@ summary {{ display: block; height: 20px; }}
 <div class="cell"><div class="cell_input" style="height:80px">
   <pre style="width:200px;overflow-x:auto;height:40px">{code}</pre></div></div>
 <div style="height:{spacer}px"></div>
+<section style="position:absolute;top:0;left:0;width:688px;padding:0 20px">
+  <div class="math"><mjx-container display="true" style="display:block;overflow:auto">
+    <svg width="{math_px}" height="10"></svg></mjx-container></div>
+  <ul><li><div class="math"><mjx-container display="true" style="display:block">
+    <svg width="300" height="10"></svg></mjx-container></div></li></ul>
+</section>
 </body></html>"""
 
 
-def page_html(code="short", diagram_px="9.0"):
-    # 300 + 100 + 20 + 200 + 100 + 80 = 800 px of content, 1200 px of spacer
-    return PAGE.format(code=code, diagram_px=diagram_px, spacer=1200)
+def page_html(code="short", diagram_px="9.0", math_px=600):
+    # 300 + 100 + 20 + 200 + 100 + 80 = 800 px of content, 1200 px of spacer; the two
+    # equations sit in a 688 px column (absolutely placed: the heights stay the same)
+    return PAGE.format(code=code, diagram_px=diagram_px, spacer=1200, math_px=math_px)
 
 
 def loaded(browser, html):
@@ -50,6 +57,16 @@ def test_measure_reads_heights_shares_and_counts(browser):
     assert (m["diagrams"], m["animations"]) == (1, 1)
     assert m["min_text_px"] == pytest.approx(9.0)
     assert (m["wide_code"], m["wide_outputs"]) == (0, 0)
+    assert (m["math"], m["wide_math"]) == (2, 0)
+
+
+def test_measure_finds_an_equation_wider_than_its_column(browser):
+    m = measure(loaded(browser, page_html(math_px=700)))  # known-wrong: over 688 px
+    assert (m["math"], m["wide_math"], m["wide_math_px"]) == (2, 1, [700])
+    assert bar_problems(m) and bar_problems(m)[-2] == (
+        "wide_math 1 (700 px), expected <= 0"
+    )
+    assert measure(loaded(browser, page_html(math_px=688)))["wide_math"] == 0
 
 
 def test_measure_finds_code_that_scrolls_sideways(browser):
@@ -66,7 +83,7 @@ def test_measure_site_visits_every_chapter(browser, tmp_path):
     results = measure_site(tmp_path, browser)
     assert list(results) == ["01_qkv", "02_scaled"]
     assert results["01_qkv"]["min_text_px"] == pytest.approx(11.0)
-    assert "| 01_qkv | 2.0 | 20% | 20% | 1 | 1 | 0 | 0 | 11.0 |" in table(results)
+    assert "| 01_qkv | 2.0 | 20% | 20% | 1 | 1 | 0 | 0 | 0 | 11.0 |" in table(results)
 
 
 def test_the_bar_rejects_a_page_that_misses_it(browser):
@@ -78,14 +95,16 @@ def test_the_bar_rejects_a_page_that_misses_it(browser):
     assert any(p.startswith("wide_code 1") for p in problems), problems
     assert any(p.startswith("min_text_px 9") for p in problems), problems
     assert not any(p.startswith("diagrams") for p in problems), problems
+    assert not any(p.startswith("wide_math") for p in problems), problems
     assert bar_problems({**m, "min_text_px": None})[-1].startswith("min_text_px None")
 
 
 @pytest.mark.parametrize("name", [*CHAPTERS, *ZH_CHAPTERS], ids=short)
 def test_chapter_reads_as_an_illustrated_page(pages, name):
     """Issue 25's bar at 1280 px: visible code at most 20% of the page, figures at
-    least 20%, a diagram, two animations, nothing that scrolls sideways, figure text
-    of 10 px or more. Measured on the page as it loaded (a 1280 x 1000 window), before
-    any test opens its solutions."""
+    least 20%, a diagram, two animations, nothing that scrolls sideways, no display
+    equation wider than the column (issue 39), figure text of 10 px or more. Measured
+    on the page as it loaded (a 1280 x 1000 window), before any test opens its
+    solutions."""
     m = measure(pages.open(name).page)
     assert not bar_problems(m), f"{short(name)}: {bar_problems(m)}"

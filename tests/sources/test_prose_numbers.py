@@ -176,6 +176,15 @@ ALLOWED: dict[str, str] = {
     "the 2017 behaviour": "the year of the cited paper (Vaswani et al.)",
     "the 2017 post-norm block": "the name of a variant trained in the cell above",
     "Llama 3 8B's shape": "a model's name",
+    "The 2017 Transformer": "the year of the cited paper (Vaswani et al.)",
+    "the 2017 base model": "the year of the cited paper (Vaswani et al.)",
+    "The 2017 layer": "the year of the cited paper (Vaswani et al.)",
+    "the 2017 one": "the year of the cited paper (Vaswani et al.)",
+    "the 2017 model": "the year of the cited paper (Vaswani et al.)",
+    "The 2017 model": "the year of the cited paper (Vaswani et al.)",
+    "the 2017 feed-forward network": "the year of the cited paper (Vaswani et al.)",
+    "Llama 2's": "a model family's name (Touvron et al. 2023, Llama 2)",
+    "Llama 3 uses": "a model family's name (Grattafiori et al. 2024, Llama 3)",
 }
 
 KEYWORDS = (
@@ -320,9 +329,6 @@ ALLOWED_OUTCOMES: dict[str, str] = {
     "which the cell below prints",
     "with a denoising objective did best": "T5's result (Raffel et al. 2020, section "
     "3.2.4, Table 2), not this page's",
-    "so the penalty rarely changes which hypothesis wins": "exercise solution, a "
-    "stated expectation for the learner's run; left to the exercise pass (truth "
-    "review 2026-12-01, 3b: never computed)",
     # chapter 7
     "that is 128 times more": "arithmetic on the two sizes given in the sentence",
     '"faster" or "slower" only when every round agrees': "the rule by which the "
