@@ -351,6 +351,21 @@ def test_llama3_factors_give_transformers_frequencies():
     assert factors[0] == 1 and factors[-1] == 8 and 1 < factors[1] < 8  # three bands
 
 
+def test_a_checkpoint_saved_by_transformers_loads_from_its_files(tmp_path):
+    """config.json (as a dict) and model.safetensors, as ``save_pretrained`` wrote
+    them, with Llama 3 RoPE scaling and biases."""
+    import json
+
+    from safetensors.torch import load_file
+
+    ref = hf_llama(**LLAMA3, attention_bias=True, mlp_bias=True)
+    ref.save_pretrained(tmp_path)
+    cfg = llama_config_from_hf(json.loads((tmp_path / "config.json").read_text()))
+    assert cfg == llama_config_from_hf(ref.config)
+    sd = load_file(tmp_path / "model.safetensors")
+    assert_same_logits(load_hf_llama(DecoderOnlyLM(cfg), sd).eval(), ref)
+
+
 def test_hf_loader_refuses_a_tensor_the_model_has_no_place_for():
     ref = hf_llama(attention_bias=True)
     plain = DecoderOnlyLM(llama_config_from_hf(hf_llama().config))  # no biases
