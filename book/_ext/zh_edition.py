@@ -34,6 +34,7 @@ acts only in the Chinese one (Sphinx's ``language`` is ``zh_CN``, see ``editions
 from __future__ import annotations
 
 import functools
+import importlib.util
 import re
 import string
 from pathlib import Path
@@ -50,6 +51,13 @@ CATALOG = (
     ROOT / "src" / "transformer_course" / "exercises" / "locale" / "zh"
     / "LC_MESSAGES" / "exercises.po"
 )  # fmt: skip
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def is_chinese(app) -> bool:
@@ -331,23 +339,13 @@ TOGGLES = {
     "Hide code cell outputs": "隐藏输出",
 }
 # matplotlib's to_jshtml player (viz.animations._player.animation_html): the buttons'
-# titles and names, the loop modes' labels and the slider's name
-PLAYER = {
-    "Decrease speed": "减速",
-    "First frame": "第一帧",
-    "Previous frame": "上一帧",
-    "Play backwards": "倒放",
-    "Pause": "暂停",
-    "Play": "播放",
-    "Next frame": "下一帧",
-    "Last frame": "最后一帧",
-    "Increase speed": "加速",
-    "Repetition mode": "重复方式",
-    "Animation frame": "动画帧",
-    "Once": "播放一次",
-    "Loop": "循环",
-    "Reflect": "往返",
-}
+# titles and names, the loop modes' labels and the slider's name, the library's table
+# (a module without imports, read from its file)
+_labels = _load(
+    "player_labels",
+    ROOT / "src" / "transformer_course" / "viz" / "animations" / "_labels.py",
+)
+PLAYER = _labels.PLAYER_ZH
 # The theme's strings that neither Sphinx's nor the themes' Chinese catalogs translate
 # (seen on the built pages): added as a fallback catalog of Sphinx's own domain, which
 # every template's _() and Sphinx's HTML writer read.
@@ -363,8 +361,8 @@ THEME = {
     "Link to this table": "指向此表格的链接",
     "Search this book...": SEARCH_BAR_TEXT,
 }
-_PLAYER_ATTRIBUTE = re.compile(r'\b(title|aria-label)="([^"]*)"')
-_PLAYER_LABEL = re.compile(r'(<label for="_anim_radio\d_\w+">)([^<]*)(</label>)')
+
+
 # sphinx-exercise's titles: "练习 1.1  (标题)" (two spaces, ASCII parentheses) and
 # "解答 练习 1.1 (标题)" become "练习 1.1（标题）" and "参考答案：练习 1.1（标题）", the
 # word the Chinese notebooks use (tools/sync_notebooks.py EDITION_WORDS)
@@ -400,12 +398,7 @@ def chinese_furniture(body: str) -> str:
     exercises' and solutions' titles in Chinese typography, and each image or SVG title
     whose text has no Chinese marked ``lang="en"``."""
     if "_anim_" in body:
-        body = _PLAYER_ATTRIBUTE.sub(
-            lambda m: f'{m[1]}="{PLAYER.get(m[2], m[2])}"', body
-        )
-        body = _PLAYER_LABEL.sub(
-            lambda m: m[1] + PLAYER.get(m[2].strip(), m[2]) + m[3], body
-        )
+        body = _labels.player_in_chinese(body)
 
     body = _EXERCISE_TITLE.sub(lambda m: f"{m[1]}</span>{_titled(m[2])}</p>", body)
     body = _SOLUTION_TITLE.sub(

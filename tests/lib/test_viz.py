@@ -521,6 +521,38 @@ def test_an_animation_is_laid_out_once(monkeypatch):
     assert not isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)
 
 
+def test_animation_player_speaks_chinese_in_a_chinese_notebook(monkeypatch):
+    """Chinese review 2026-12-03, M4: the player's buttons were English in Chinese
+    notebooks; with TRANSFORMER_COURSE_LANG=zh (the zh install cell) they are Chinese,
+    and without it English (the site's execution, translated by the Chinese build)."""
+    import re
+
+    import matplotlib.pyplot as plt
+    from matplotlib.animation import FuncAnimation
+
+    from transformer_course.viz import animation_html
+    from transformer_course.viz.animations._labels import PLAYER_ZH
+
+    def player(lang: str | None) -> str:
+        if lang is None:
+            monkeypatch.delenv("TRANSFORMER_COURSE_LANG", raising=False)
+        else:
+            monkeypatch.setenv("TRANSFORMER_COURSE_LANG", lang)
+        fig, ax = plt.subplots(figsize=(1, 1), dpi=20)
+        anim = FuncAnimation(fig, lambda i: ax.set_title(str(i)), frames=2)
+        return animation_html(anim, alt="a title").data
+
+    def words(html: str) -> set[str]:
+        shown = re.findall(r'(?:title|aria-label)="([^"]*)"', html)
+        return set(shown + re.findall(r'<label for="_anim_radio\d_\w+">([^<]*)<', html))
+
+    english, chinese = words(player(None)), words(player("zh"))
+    assert {"Play", "Pause", "Once", "Animation frame"} <= english  # known wrong
+    assert not english & set(PLAYER_ZH.values())
+    assert not chinese & set(PLAYER_ZH), chinese & set(PLAYER_ZH)
+    assert {"播放", "暂停", "播放一次", "动画帧"} <= chinese
+
+
 # ---------------------------------------------------------------- chapters 5 and 6
 # viz.animations.masks (chapter 5) and viz.animations.decoding (chapter 6): each test
 # catches the Animation before it is rendered (``animation_html`` replaced) and reads

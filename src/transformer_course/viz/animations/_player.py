@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import io
+import os
 import re
 from html import escape
 
@@ -16,6 +17,7 @@ from matplotlib.animation import Animation
 from PIL import Image
 
 from transformer_course.viz import style
+from transformer_course.viz.animations._labels import player_in_chinese
 from transformer_course.viz.plots import alt_text
 
 # to_jshtml() draws its buttons with Font Awesome 4 icons loaded from a CDN. The site
@@ -100,11 +102,12 @@ def animation_html(
 
     Returns:
         ``IPython.display.HTML`` with a frame slider (labelled for screen readers) and
-        play buttons, inside a ``div.tc-animation`` whose ``data-min-text-px`` states the
-        frames' smallest text on the page (read by ``tools/measure_pages.py``; the
-        smaller of the figure before the first frame and after the last); the PNG frames
-        have an adaptive palette (``smaller_frames``). Displaying it gives exactly one
-        text/html output.
+        play buttons (titled in Chinese when ``TRANSFORMER_COURSE_LANG`` is "zh", as
+        in the Chinese notebooks), inside a ``div.tc-animation`` whose
+        ``data-min-text-px`` states the frames' smallest text on the page (read by
+        ``tools/measure_pages.py``; the smaller of the figure before the first frame and
+        after the last); the PNG frames have an adaptive palette (``smaller_frames``).
+        Displaying it gives exactly one text/html output.
 
     Raises:
         TypeError: if ``anim`` is not a matplotlib Animation.
@@ -142,6 +145,8 @@ def animation_html(
         r'\1 aria-label="Animation frame"',
         html,
     )
+    if os.environ.get("TRANSFORMER_COURSE_LANG", "").strip() == "zh":
+        html = player_in_chinese(html)  # a Chinese notebook (notebooks/zh)
     stated = [px for px in sizes if px is not None]
     px = f' data-min-text-px="{min(stated):.1f}"' if stated else ""
     return HTML(f'<div class="tc-animation"{px}>{html}</div>')
