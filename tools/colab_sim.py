@@ -382,9 +382,12 @@ def _client_class():
             cell, index, sent = self._pending
             channels = {"shell": self.kc.shell_channel, "iopub": self.kc.iopub_channel}
             heard = sorted(
-                (t, name, m)
-                for name, ch in channels.items()
-                for t, m in getattr(ch, "received", ())  # a stock channel: none
+                (
+                    (t, name, m)
+                    for name, ch in channels.items()
+                    for t, m in getattr(ch, "received", ())  # a stock channel: none
+                ),
+                key=lambda heard: heard[0],
             )
             states = [m["state"] for _, name, m in heard if m["msg_type"] == "status"]
             state = states[-1] if states else "unknown"
