@@ -334,3 +334,73 @@ def test_batched_attention_with_missing_keys_passes(quiet_check):
         return check_dot_product_attention(fn, with_valid=True)
 
     assert quiet_check(check, _with_valid(_masked)) is True
+
+
+# ----------------------------------------------- learner trial 2026-12-03 (issue 39)
+
+
+def _transposed_scores(q, k, v, valid):
+    """The scores built as k q^T (B, S, T), keys hidden along their own axis, softmax
+    over the last axis (the queries), transposed back: a softmax over the queries."""
+    scores = (k @ q.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(
+        ~valid[:, :, None], float("-inf")
+    )
+    weights = torch.softmax(scores, dim=-1).transpose(-2, -1)
+    return weights @ v, weights
+
+
+def _scores_zeroed(q, k, v, valid):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    weights = torch.softmax(scores.masked_fill(~valid[:, None, :], 0.0), -1)
+    return weights @ v, weights
+
+
+def _scores_times_valid(q, k, v, valid):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    weights = torch.softmax(scores * valid[:, None, :], -1)
+    return weights @ v, weights
+
+
+def _lookup_zeroed(query, keys, values, valid):
+    scores = keys @ query / math.sqrt(query.shape[-1])
+    return torch.softmax(scores.masked_fill(~valid, 0.0), 0) @ values
+
+
+def _lookup_times_valid(query, keys, values, valid):
+    scores = keys @ query / math.sqrt(query.shape[-1])
+    return torch.softmax(scores * valid, 0) @ values
+
+
+TRIAL_2026_12_03 = [
+    # finding 3a: with_valid=True reached the NaN hint or a shape message first
+    (P.attention_valid_softmax_over_queries, "the softmax ran over the query axis"),
+    (_transposed_scores, "the softmax ran over the query axis"),
+    (P.attention_valid_swapped, "the pair is swapped"),
+    # finding 5: generic in the trial
+    (_scores_zeroed, "scores were set to 0 (filled with 0, or multiplied"),
+    (_scores_times_valid, "multiplied by valid"),
+]
+
+
+@pytest.mark.parametrize(
+    "wrong, message", TRIAL_2026_12_03, ids=[str(i) for i in range(5)]
+)
+def test_each_mistake_of_the_2026_12_03_trial_gets_its_own_message(
+    wrong, message, capsys
+):
+    assert check_dot_product_attention(wrong, with_valid=True) is False
+    printed = capsys.readouterr().out
+    assert message in printed and "Hint: " in printed, printed
+    assert len(printed.strip().splitlines()) == 2, printed
+
+
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (_lookup_zeroed, r"scores were set to 0 \(filled with 0, or multiplied"),
+        (_lookup_times_valid, "multiplied by valid"),  # the same weights
+    ],
+)
+def test_the_soft_lookups_generic_answers_are_named(wrong, message):
+    with pytest.raises(CheckError, match=message):
+        check_soft_lookup.strict(wrong)

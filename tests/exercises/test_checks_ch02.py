@@ -84,3 +84,29 @@ def test_masked_attention_check_rejects(fn, words):
 def test_chapter_2_find_the_bug_code_is_rejected():
     with pytest.raises(CheckError, match="P11"):  # the exercise's code, in pitfalls
         check_masked_attention.strict(P.attention_buggy)
+
+
+# --------------------------------------------- learner trial 2026-12-03 (issue 39)
+
+
+def softmax_logsumexp(scores, mask=None, dim=-1):
+    """A right answer in logsumexp form: off by 2.5e-5 at scores near 1000 (float32's
+    precision there), which the trial saw rejected against a 1e-5 tolerance."""
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.exp(scores - scores.logsumexp(dim, keepdim=True)).nan_to_num(0.0)
+
+
+def test_the_logsumexp_softmax_is_accepted(capsys):
+    big = torch.randn(2, 3, 5) * 10 + 1000.0
+    off = (softmax_logsumexp(big) - torch.softmax(big.double(), -1)).abs().max()
+    assert off > 1e-5  # the precision loss is real: the old tolerance rejected it
+    assert check_stable_softmax(softmax_logsumexp) is True
+
+
+def test_one_maximum_for_the_whole_tensor_is_rejected():
+    """Finding 1a: accepted in the trial; the check's large scores shifted every row
+    by the same 1000."""
+    with pytest.raises(CheckError, match="the whole tensor's") as err:
+        check_stable_softmax.strict(P.softmax_global_max)
+    assert "amax(dim, keepdim=True)" in err.value.hint

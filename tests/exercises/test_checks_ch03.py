@@ -77,3 +77,25 @@ def test_ch3_checks_reject_the_pitfalls(check_name, fn, words):
 
     with pytest.raises(exercises.CheckError, match=words):
         getattr(exercises, check_name).strict(fn)
+
+
+def test_the_librarys_multi_head_attention_is_refused(capsys):
+    """Learner trial 2026-12-03, finding 2: the library's module, loaded with the four
+    weights, passed the exercise."""
+    import torch
+
+    from transformer_course import exercises
+    from transformer_course.attention import MultiHeadAttention
+
+    def library(query, key, value, w_q, w_k, w_v, w_o, n_heads, mask=None):
+        mha = MultiHeadAttention(query.shape[-1], n_heads, bias=False)
+        with torch.no_grad():
+            for lin, w in zip(
+                (mha.q_proj, mha.k_proj, mha.v_proj, mha.out_proj), (w_q, w_k, w_v, w_o)
+            ):
+                lin.weight.copy_(w)
+            return mha(query, key, value, mask)
+
+    assert exercises.check_multi_head_attention(library) is False
+    printed = capsys.readouterr().out
+    assert "transformer_course.attention.MultiHeadAttention" in printed

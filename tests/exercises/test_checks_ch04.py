@@ -87,7 +87,6 @@ def _count(keep):
 
 
 TRIAL = [
-    (check_sinusoidal_encoding, _table(sliced=False), "pitfall P15"),
     (check_sinusoidal_encoding, _table(swap=True), "swapped"),
     (check_sinusoidal_encoding, _table(per_pair=1), "i / d_model"),
     (check_sinusoidal_encoding, _table(halves=True), "first half"),
@@ -184,3 +183,67 @@ def test_check_sinusoidal_encoding_stub_is_not_attempted(capsys):
         exercises.check_sinusoidal_encoding(stub) is False
     )  # NotImplementedError is a
     assert "not attempted yet" in capsys.readouterr().out  # RuntimeError: not a crash
+
+
+# ----------------------------------------------- learner trial 2026-12-03 (issue 39)
+
+
+def _no_column_axis(positions, d_model):
+    """positions (T,) times the frequencies (d/2,) without positions[:, None]."""
+    w = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float32) / d_model)
+    angles = positions.float() * w  # bug: positions[:, None]
+    pe = torch.zeros(len(positions), d_model)
+    pe[:, 0::2] = torch.sin(angles)
+    pe[:, 1::2] = torch.cos(angles)[:, : d_model // 2]
+    return pe
+
+
+def test_a_crash_that_is_not_p15_shows_the_learners_line(capsys):
+    """Finding 3e: forgetting positions[:, None] raises at d_model = 4; the check said
+    "pitfall P15" and showed no line of the learner's code."""
+    assert check_sinusoidal_encoding(_no_column_axis) is False
+    printed = capsys.readouterr().out
+    assert "P15" not in printed
+    assert "angles = positions.float() * w  # bug" in printed  # the learner's line
+
+
+def test_the_genuine_p15_crash_shows_the_line_and_the_p15_hint(capsys):
+    assert check_sinusoidal_encoding(_table(sliced=False)) is False
+    printed = capsys.readouterr().out
+    assert "pitfall P15" in printed and "raised RuntimeError" in printed
+    assert "pe[:, 1::2] = cos[:, : d_model // 2] if sliced else cos" in printed
+
+
+def _integer_exponent(positions, d_model):
+    pe = torch.zeros(len(positions), d_model)
+    i = torch.arange(0, d_model, 2)
+    angles = positions[:, None].float() * 10000.0 ** -(i // d_model)
+    pe[:, 0::2], pe[:, 1::2] = angles.sin(), angles.cos()[:, : d_model // 2]
+    return pe
+
+
+def _per_column(positions, d_model):
+    angles = positions[:, None].float() * 10000.0 ** (
+        -torch.arange(d_model, dtype=torch.float32) / d_model
+    )
+    pe = angles.sin()
+    pe[:, 1::2] = angles[:, 1::2].cos()
+    return pe
+
+
+def _sorted_first(positions, d_model):
+    return _table()(positions.sort().values, d_model)
+
+
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (_per_column, "each column has its own frequency"),
+        (_integer_exponent, "integer division"),
+        (_sorted_first, "the positions sorted"),
+    ],
+    ids=["per-column", "integer-division", "sorted"],
+)
+def test_the_2026_12_03_generic_answers_are_named(wrong, message):
+    with pytest.raises(exercises.CheckError, match=message):
+        check_sinusoidal_encoding.strict(wrong)

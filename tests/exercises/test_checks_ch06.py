@@ -197,3 +197,47 @@ def test_chapter6_checks(check, right, wrong, words, capsys):
     assert "not attempted yet" in capsys.readouterr().out
     with pytest.raises(CheckError, match=words):
         check.strict(wrong)
+
+
+# ------------------------------------------------ learner trial 2026-12-03 (issue 39)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda logits, target, eps, pad: torch.nn.CrossEntropyLoss(
+            label_smoothing=eps, ignore_index=pad
+        )(logits, target),
+        lambda logits, target, eps, pad: F.cross_entropy(
+            logits, target, ignore_index=pad, label_smoothing=eps
+        ),
+    ],
+    ids=["nn.CrossEntropyLoss", "F.cross_entropy"],
+)
+def test_pytorchs_own_label_smoothing_is_refused(answer, capsys):
+    """Finding 2: the exercise says "without label_smoothing=", and this passed."""
+    assert check_label_smoothed_loss(answer) is False
+    printed = capsys.readouterr().out
+    assert "cross_entropy(label_smoothing=...)" in printed, printed
+
+
+def test_the_cross_entropy_without_its_smoothing_may_be_used(quiet_check):
+    def mixed(logits, target, eps, pad):  # (1 - eps) NLL + eps * uniform term
+        keep = target != pad
+        nll = F.cross_entropy(logits[keep], target[keep])
+        uniform = -logits[keep].log_softmax(-1).mean(-1).mean()
+        return (1 - eps) * nll + eps * uniform
+
+    assert quiet_check(check_label_smoothed_loss, mixed) is True
+
+
+def test_the_notebooks_label_smoothing_is_refused_when_read_statically():
+    from transformer_course.exercises import check_label_smoothed_loss as check
+    from transformer_course.exercises._method import library_use
+
+    source = (
+        "import torch.nn.functional as F\n"
+        "def smoothed_loss(logits, target, eps, pad_id):\n"
+        "    return F.cross_entropy(logits, target, label_smoothing=eps)\n"
+    )
+    assert "label_smoothing" in library_use(source, "smoothed_loss", check.forbidden)

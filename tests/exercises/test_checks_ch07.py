@@ -327,3 +327,69 @@ def test_the_masked_streaming_mistakes_speak_chinese(wrong, capsys):
     assert text.startswith("✗ ") and hint.startswith("提示：")
     assert any("\u4e00" <= c <= "\u9fff" for c in text + hint), text
     assert "Hint" not in hint
+
+
+# ------------------------------------------------ learner trial 2026-12-03 (issue 39)
+
+
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        # finding 3b: both got "l is NaN for row ..., one of whose halves is all -inf"
+        (pitfalls.merge_halves_reversed, "the exponents are reversed"),
+        (pitfalls.merge_halves_absolute, "no -inf: a number such as exp(m_a)"),
+        # the all -inf row keeps its own message; a half that is all -inf its own
+        (merge_unguarded, "which is all -inf"),
+    ],
+    ids=["reversed", "absolute-sums", "unguarded"],
+)
+def test_each_merge_mistake_of_the_2026_12_03_trial_gets_its_own_message(
+    wrong, message, capsys
+):
+    assert check_online_softmax(wrong) is False
+    printed = capsys.readouterr().out
+    assert message in printed and "Hint: " in printed, printed
+    assert len(printed.strip().splitlines()) == 2, printed
+
+
+def _with_scale(scale_of):
+    """int8 codes rounded with the scale ``scale_of(w, group)`` (d_out, n_groups)."""
+
+    def fn(w, group):
+        scale = scale_of(w, group)
+        step = scale.repeat_interleave(group, dim=1)
+        codes = torch.round(w / step).clamp(-128, 127).to(torch.int8)
+        return codes, scale
+
+    return fn
+
+
+def _blocks(w, group):
+    return w.reshape(w.shape[0], w.shape[1] // group, group)
+
+
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (
+            _with_scale(lambda w, g: w.reshape(w.shape[0], g, -1).abs().amax(1) / 127),
+            "groups are strided",
+        ),
+        (
+            _with_scale(
+                lambda w, g: (w.abs().amax(-1, keepdim=True) / 127).expand(
+                    -1, w.shape[1] // g
+                )
+            ),
+            "the row's scale",
+        ),
+        (_with_scale(lambda w, g: _blocks(w, g).amax(-1) / 127), "not max(|w|)"),
+        (_with_scale(lambda w, g: _blocks(w, g).abs().mean(-1) / 127), "mean |w|"),
+    ],
+    ids=["strided", "row-scale", "no-abs", "mean"],
+)
+def test_the_int8_group_answers_of_the_2026_12_03_trial_are_named(wrong, message):
+    """Learner trial 2026-12-03, finding 5: these got "exceeds half a step" (max/128,
+    the fifth, is named by the codes that wrap around, tested above)."""
+    with pytest.raises(CheckError, match=message):
+        check_quantize_int8.strict(wrong)

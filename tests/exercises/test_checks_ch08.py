@@ -14,6 +14,7 @@ from transformer_course.exercises import (
     ShapeError,
     check_clip_loss,
     check_patchify,
+    pitfalls,
 )
 from transformer_course.vision import patchify
 
@@ -197,3 +198,35 @@ def test_in_place_normalisation_really_breaks_training():
     leaf = torch.randn(4, 3, requires_grad=True)
     with pytest.raises(RuntimeError, match="inplace"):
         _in_place(leaf * 1, torch.randn(4, 3), torch.tensor(0.7)).backward()
+
+
+# ----------------------------------------------- learner trial 2026-12-03 (issue 39)
+TRIAL_2026_12_03 = [
+    # findings 1b and 1c: accepted in the trial (the check's log_scale had no grad)
+    (pitfalls.clip_loss_scale_item, "no gradient with respect to log_scale"),
+    (pitfalls.clip_loss_math_exp, "no gradient with respect to log_scale"),
+    # finding 5: generic in the trial
+    (pitfalls.clip_loss_clamp_min, "at least 100 instead of at most"),
+    (pitfalls.clip_loss_clamp_log_after_exp, "applied after exp"),
+]
+
+
+@pytest.mark.parametrize(
+    "wrong, message", TRIAL_2026_12_03, ids=[w.__name__ for w, _ in TRIAL_2026_12_03]
+)
+def test_each_mistake_of_the_2026_12_03_trial_gets_its_own_message(
+    wrong, message, capsys
+):
+    assert check_clip_loss(wrong) is False
+    printed = capsys.readouterr().out
+    assert message in printed and "Hint: " in printed, printed
+    assert len(printed.strip().splitlines()) == 2, printed
+
+
+def test_the_detached_scale_really_gets_no_gradient():
+    """Why the check refuses it: the right answer's log_scale has a gradient."""
+    img, txt = torch.randn(4, 3), torch.randn(4, 3)
+    for fn, has_grad in ((_clip, True), (pitfalls.clip_loss_scale_item, False)):
+        log_scale = torch.tensor(1.0, requires_grad=True)
+        loss = fn(img, txt, log_scale)
+        assert loss.requires_grad is has_grad

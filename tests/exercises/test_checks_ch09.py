@@ -211,3 +211,11 @@ def test_each_trial_mistake_of_chapter_9_gets_its_own_message(
     assert message in printed and "Hint: " in printed, printed
     assert "Traceback" not in printed
     assert len(printed.strip().splitlines()) == 2, printed
+
+
+def test_a_clamped_teacher_is_named_as_another_teacher(capsys):
+    """Learner trial 2026-12-03, finding 3f: the hint was about p = 0 terms."""
+    assert check_soft_target_loss(pitfalls.soft_loss_clamped_teacher) is False
+    printed = capsys.readouterr().out
+    assert "large logits were clamped" in printed and "Hint: " in printed, printed
+    assert "must add nothing" not in printed

@@ -48,7 +48,10 @@ def hide_frames() -> None:
 
 def report_crash(fn, err: Exception) -> None:
     """Print the error, the learner's own frames (the last 3) and, when the error was
-    raised deeper, inside PyTorch or the library, where that was."""
+    raised deeper, inside PyTorch or the library, where that was. A check that knows
+    the likely cause of a crash sets ``err.exercise_hint`` (a template): it replaces
+    the general hint below the learner's line (chapter 4's odd d_model, P15)."""
+    extra = getattr(err, "exercise_hint", None)
     frames = [
         f
         for f in traceback.extract_tb(err.__traceback__)
@@ -98,6 +101,9 @@ def report_crash(fn, err: Exception) -> None:
         )
         file = os.path.basename(where.filename)
         print(gettext(inside).format(file=file, function=where.name))
+    if extra:
+        _print_hint(extra)
+        return
     _print_hint(
         "the last line of yours above raised it; print the shapes of what that "
         "line passes on."

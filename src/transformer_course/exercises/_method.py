@@ -42,11 +42,51 @@ def qualified_name(obj) -> str:
     return f"{obj.__module__}.{obj.__qualname__}"
 
 
-def own_code(fn: Callable, *library: Callable) -> Callable:
+class Forbidden:
+    """A library function refused only when called in one way: ``func`` entered with
+    ``keyword`` set to a value for which ``when(value)`` is true, e.g.
+    ``Forbidden(F.cross_entropy, "label_smoothing", lambda eps: eps > 0)``: the
+    cross-entropy may be used, its built-in label smoothing may not. The static reading
+    (``library_use``) refuses any call in the function's code that passes ``keyword``."""
+
+    def __init__(self, func: Callable, keyword: str, when: Callable[[object], bool]):
+        self.func, self.keyword, self.when = func, keyword, when
+        self.__code__ = func.__code__
+        self.__module__, self.__qualname__ = func.__module__, func.__qualname__
+
+    def refuses(self, frame) -> bool:
+        value = frame.f_locals.get(self.keyword)
+        try:
+            return bool(self.when(value))
+        except Exception:  # noqa: BLE001 (a value the condition cannot judge)
+            return False
+
+    def __repr__(self) -> str:
+        return f"{qualified_name(self.func)}({self.keyword}=...)"
+
+
+def _code_of(item) -> object:
+    """The code object ``own_code`` watches for a library function, a class (its
+    ``forward``) or a ``Forbidden`` entry."""
+    if isinstance(item, type):
+        return item.forward.__code__
+    return item.__code__
+
+
+def _label(item) -> str:
+    if isinstance(item, Forbidden):
+        return repr(item)
+    return qualified_name(item)
+
+
+def own_code(fn: Callable, *library) -> Callable:
     """``fn``, wrapped: a call that enters one of ``library`` raises ``CheckError``
     ("your my_mean_pool calls the library's transformer_course.distill.mean_pool ...").
-    Only the learner's call is watched, not the check's own use of the library."""
-    codes = {f.__code__: qualified_name(f) for f in library}
+    An entry is a function, a class (its ``forward`` is watched, so a module loaded
+    with the weights is refused) or a ``Forbidden`` (a function refused only for some
+    arguments). Only the learner's call is watched, not the check's own use of the
+    library. The checks declare their entries with ``forbids`` (``check.forbidden``)."""
+    codes = {_code_of(f): f for f in library}
     name = getattr(fn, "__name__", "function")
     source = getattr(fn, "__learner_source__", None)
     if source is not None:  # runs elsewhere: read the notebook's code instead
@@ -60,7 +100,9 @@ def own_code(fn: Callable, *library: Callable) -> Callable:
 
         def profile(frame, event, arg):
             if event == "call" and frame.f_code in codes:
-                used.append(codes[frame.f_code])
+                item = codes[frame.f_code]
+                if not isinstance(item, Forbidden) or item.refuses(frame):
+                    used.append(_label(item))
 
         previous = sys.getprofile()
         sys.setprofile(profile)
@@ -77,6 +119,26 @@ def own_code(fn: Callable, *library: Callable) -> Callable:
         return result
 
     return call
+
+
+def forbids(*library) -> Callable[[Callable], Callable]:
+    """Decorator of a check (below ``exercise_check``): the check's first argument, the
+    learner's function, runs under ``own_code(fn, *library)``, and the check carries
+    ``forbidden = library`` (read by ``tests/sources/test_exercise_rules.py``: no
+    chapter may import one of them by name before the exercise). Every exercise that
+    forbids the library's own version declares it here, one mechanism for all
+    chapters. ``library_ok=True`` skips the refusal, for a chapter that runs the check
+    on the library itself (chapter 5's backends)."""
+
+    def decorate(check: Callable) -> Callable:
+        @functools.wraps(check)
+        def wrapped(fn, *args, library_ok: bool = False, **kwargs):
+            return check(fn if library_ok else own_code(fn, *library), *args, **kwargs)
+
+        wrapped.forbidden = library
+        return wrapped
+
+    return decorate
 
 
 def _refuse(name: str, used: str) -> None:
@@ -143,7 +205,8 @@ def library_use(source: str, name: str, library: tuple[Callable, ...]) -> str | 
             for target in node.targets:
                 if isinstance(target, ast.Name):
                     bound[target.id] = node.value
-    wanted = {id(f): qualified_name(f) for f in library}
+    wanted = {id(f): qualified_name(f) for f in library if not isinstance(f, Forbidden)}
+    keywords = {f.keyword: repr(f) for f in library if isinstance(f, Forbidden)}
 
     def found(dotted: str | None) -> str | None:
         if not dotted:
@@ -175,6 +238,10 @@ def library_use(source: str, name: str, library: tuple[Callable, ...]) -> str | 
             if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store)
         } | {a.arg for a in ast.walk(node) if isinstance(a, ast.arg)}
         for sub in ast.walk(node):
+            if isinstance(sub, ast.Call):
+                for kw in sub.keywords:
+                    if kw.arg in keywords:  # e.g. label_smoothing=: refused
+                        return keywords[kw.arg]
             if isinstance(sub, ast.Name) and sub.id in local:
                 continue
             if isinstance(sub, (ast.Name, ast.Attribute)):

@@ -23,10 +23,11 @@ from transformer_course.exercises._common import (
     random_qkv,
 )
 from transformer_course.exercises._language import N_, gettext
-from transformer_course.exercises._method import loops_over, own_code
+from transformer_course.exercises._method import forbids, loops_over
 
 
 @exercise_check
+@forbids(scaled_dot_product_attention)
 def check_soft_lookup(fn: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]) -> bool:
     """Chapter 1, exercise "soft lookup with missing entries": ``fn(query, keys,
     values, valid)`` with query (d,), keys (S, d), values (S, d_v) and a bool valid
@@ -39,7 +40,6 @@ def check_soft_lookup(fn: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]) ->
             scale, no softmax, a plain mean, ``valid`` ignored or inverted, weights
             zeroed after the softmax, wrong shape, a call to the library's attention).
     """
-    fn = own_code(fn, scaled_dot_product_attention)
     gen = torch.Generator().manual_seed(1)
     for s, d, dv, n_missing in (
         (5, 4, 3, 0),
@@ -125,9 +125,16 @@ def _missing_entries(out: Tensor, scores: Tensor, values: Tensor, valid: Tensor)
             "remaining weights no longer sum to 1",
             "leave the missing entries out before normalising, not after.",
         )
+    if close(out, torch.softmax(scores.masked_fill(~valid, 0.0), 0) @ values):
+        fail(
+            "the missing entries' scores were set to 0 (filled with 0, or multiplied "
+            "by valid), not -inf: exp(0) = 1, so they still get weight",
+            "a score of -inf is the one whose exp is exactly 0.",
+        )
 
 
 @exercise_check
+@forbids(scaled_dot_product_attention)
 def check_dot_product_attention(
     fn: Callable[..., tuple[Tensor, Tensor]], *, with_valid: bool = False
 ) -> bool:
@@ -144,7 +151,6 @@ def check_dot_product_attention(
             softmax, a loop over the batch, a call to the library's attention, or the
             first wrong value.
     """
-    fn = own_code(fn, scaled_dot_product_attention)
     gen = torch.Generator().manual_seed(2)
     if with_valid:
         _check_valid_keys(fn, gen)
@@ -156,36 +162,8 @@ def check_dot_product_attention(
     for b, t, s, d, dv in ((2, 3, 4, 8, 5), (1, 1, 6, 4, 2), (3, 5, 2, 16, 4)):
         q, k, v = random_qkv(gen, (b,), t, s, d, dv)
         out, weights = out_and_weights(fn(q, k, v))
-        if (
-            isinstance(out, Tensor)
-            and isinstance(weights, Tensor)
-            and out.shape == (b, t, s)
-            and weights.shape == (b, t, dv)
-            and s != dv
-        ):
-            fail(
-                "the pair is swapped: the first tensor has the weights' shape "
-                "{weights_shape} and the second the output's {out_shape}",
-                "the check unpacks `out, weights = fn(q, k, v)`: return them in that "
-                "order.",
-                kind=ShapeError,
-                weights_shape=(b, t, s),
-                out_shape=(b, t, dv),
-            )
-        check_shape(weights, (b, t, s), "weights")
-        check_shape(out, (b, t, dv), "out")
+        _diagnose_order_and_axis(out, weights, (b, t, s, dv))
         ref_out, ref_w = scaled_dot_product_attention(q, k, v)
-        if not torch.allclose(weights.sum(-1), torch.ones(b, t), atol=1e-5):
-            if t > 1 and torch.allclose(weights.sum(-2), torch.ones(b, s), atol=1e-5):
-                fail(
-                    "each column of weights sums to 1: the softmax ran over the query "
-                    "axis (dim=-2)",
-                    "normalise over the keys, the last axis.",
-                )
-            fail(
-                "the weights of a query do not sum to 1 over the keys",
-                "apply softmax over the last dimension (the keys).",
-            )
         raw = pitfalls.attention_unscaled(q, k, v)[1]
         if close(weights, raw) and d > 1:
             fail(
@@ -223,19 +201,60 @@ def check_dot_product_attention(
     )
 
 
+def _diagnose_order_and_axis(out, weights, sizes, valid=None) -> None:
+    """The cheap properties first (learner trial 2026-12-03, finding 3a): the pair
+    returned in the wrong order, the shapes, and a softmax over the query axis, also
+    with missing keys (whose columns are then NaN), before any value is compared."""
+    b, t, s, dv = sizes
+    if (
+        isinstance(out, Tensor)
+        and isinstance(weights, Tensor)
+        and out.shape == (b, t, s)
+        and weights.shape == (b, t, dv)
+        and s != dv
+    ):
+        fail(
+            "the pair is swapped: the first tensor has the weights' shape "
+            "{weights_shape} and the second the output's {out_shape}",
+            "the check unpacks `out, weights = fn(q, k, v)`: return them in that "
+            "order.",
+            kind=ShapeError,
+            weights_shape=(b, t, s),
+            out_shape=(b, t, dv),
+        )
+    check_shape(weights, (b, t, s), "weights")
+    check_shape(out, (b, t, dv), "out")
+    w = weights.detach()
+    keys = torch.ones(b, s) if valid is None else valid.to(w.dtype)
+    rows_ok = torch.allclose(torch.nan_to_num(w).sum(-1), torch.ones(b, t), atol=1e-5)
+    if not rows_ok:
+        columns = torch.nan_to_num(w, nan=0.0).sum(-2)
+        if t > 1 and torch.allclose(columns, keys, atol=1e-5):
+            fail(
+                "each column of weights sums to 1: the softmax ran over the query "
+                "axis (dim=-2)",
+                "normalise over the keys, the last axis.",
+            )
+        if valid is None:
+            fail(
+                "the weights of a query do not sum to 1 over the keys",
+                "apply softmax over the last dimension (the keys).",
+            )
+
+
 def _check_valid_keys(fn: Callable, gen: torch.Generator) -> None:
     q, k, v = random_qkv(gen, (3,), 2, 5, 8, 4)
     valid = torch.tensor(
         [[1, 1, 0, 1, 0], [0, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.bool
     )
     out, weights = out_and_weights(fn(q, k, v, valid.clone()))
-    check_shape(weights, (3, 2, 5), "weights")
-    check_shape(out, (3, 2, 4), "out")
+    _diagnose_order_and_axis(out, weights, (3, 2, 5, 4), valid)
     ref_out, ref_w = scaled_dot_product_attention(q, k, v, valid[:, None, :])
     if close(weights, ref_w):
         check_close(out, ref_out, atol=1e-5, name="out")
         return
     plain = scaled_dot_product_attention(q, k, v)[1]
+    scaled = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     for wrong, message, hint in (
         (
             plain,
@@ -262,6 +281,14 @@ def _check_valid_keys(fn: Callable, gen: torch.Generator) -> None:
             ),
             N_("leave the missing keys out before normalising, not after."),
         ),
+        (
+            torch.softmax(scaled.masked_fill(~valid[:, None, :], 0.0), -1),
+            N_(
+                "the missing keys' scores were set to 0 (filled with 0, or multiplied "
+                "by valid), not -inf: exp(0) = 1, so they still get weight"
+            ),
+            N_("a score of -inf is the one whose exp is exactly 0."),
+        ),
     ):
         if close(weights, wrong):
             fail(message, hint)
@@ -269,6 +296,7 @@ def _check_valid_keys(fn: Callable, gen: torch.Generator) -> None:
 
 
 @exercise_check
+@forbids(additive_attention)
 def check_encoder_attention(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
     """Chapter 1, exercise "attention over the encoder states": ``fn(dec, memory, w_q,
     w_k, w_score)`` with decoder states dec (B, T, H), encoder states memory (B, S, H),
@@ -282,7 +310,6 @@ def check_encoder_attention(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
             state (the fixed-size bottleneck), wrong shapes, or a call to the
             library's ``additive_attention``.
     """
-    fn = own_code(fn, additive_attention)
     gen = torch.Generator().manual_seed(19)
     for b, t, s, h, a in ((2, 3, 5, 4, 6), (1, 4, 7, 8, 3), (3, 1, 7, 5, 2)):
         dec = torch.randn(b, t, h, generator=gen)

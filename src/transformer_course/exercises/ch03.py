@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import torch
 
+from transformer_course.attention import MultiHeadAttention
 from transformer_course.exercises import pitfalls
 from transformer_course.exercises._common import (
     ShapeError,
@@ -22,6 +23,7 @@ from transformer_course.exercises._common import (
     passed,
 )
 from transformer_course.exercises._language import N_, gettext
+from transformer_course.exercises._method import forbids
 
 # (B, T, D, H) with B, T, H and d_k = D / H all different
 _SIZES = ((2, 3, 20, 4), (3, 5, 12, 2), (1, 2, 24, 3))
@@ -286,6 +288,7 @@ _MHA_MISTAKES = (
 
 
 @exercise_check
+@forbids(MultiHeadAttention)
 def check_multi_head_attention(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
     """Chapter 3, exercise "multi-head attention from its weights":
     ``fn(query, key, value, w_q, w_k, w_v, w_o, n_heads, mask=None)`` with query
@@ -298,10 +301,9 @@ def check_multi_head_attention(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool
             heads (pitfall P13), or another wrong shape.
         CheckError: naming ``x @ w`` instead of ``x @ w.T``, heads split or merged
             across tokens (P8, P9), an inverted mask (P3), the scale of d_model, a
-            missing w_o, or the first wrong value.
+            missing w_o, a call of the library's ``MultiHeadAttention`` (loaded with
+            the weights), or the first wrong value.
     """
-    from transformer_course.attention import MultiHeadAttention
-
     gen = torch.Generator().manual_seed(5)
     for b, t, s, d, h, masked in ((2, 3, 5, 24, 4, False), (3, 4, 6, 10, 2, True)):
         ref = MultiHeadAttention(d, h, bias=False)

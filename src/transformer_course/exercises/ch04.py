@@ -15,7 +15,8 @@ from transformer_course.exercises._common import (
     fail,
     passed,
 )
-from transformer_course.exercises._method import own_code
+from transformer_course.exercises._language import N_
+from transformer_course.exercises._method import forbids
 from transformer_course.positional import (
     apply_rotary,
     position_ids,
@@ -24,6 +25,7 @@ from transformer_course.positional import (
 
 
 @exercise_check
+@forbids(sinusoidal_encoding)
 def check_sinusoidal_encoding(fn: Callable[[Tensor, int], Tensor]) -> bool:
     """Chapter 4, exercise "the sinusoidal rows of given positions": ``fn(positions,
     d_model)`` with integer positions (T,), in any order and from any offset, must
@@ -37,7 +39,6 @@ def check_sinusoidal_encoding(fn: Callable[[Tensor, int], Tensor]) -> bool:
             its sign, positions off by one, a call to the library's
             ``sinusoidal_encoding``, or the first wrong value.
     """
-    fn = own_code(fn, sinusoidal_encoding)
     cases = (
         (torch.arange(10), 4),
         (torch.arange(50), 16),
@@ -45,6 +46,7 @@ def check_sinusoidal_encoding(fn: Callable[[Tensor, int], Tensor]) -> bool:
         (torch.tensor([100, 101, 102, 103, 104, 105, 106]), 1),
         (torch.arange(1000, 1006), 6),
     )
+    passed_even = False  # a crash on odd d_model after the even ones is P15
     for positions, d in cases:
         max_len = len(positions)
         try:
@@ -52,21 +54,21 @@ def check_sinusoidal_encoding(fn: Callable[[Tensor, int], Tensor]) -> bool:
         except NotImplementedError:
             raise  # the stub: "not attempted yet"
         except (RuntimeError, IndexError, ValueError) as err:
-            fail(
-                "fn(positions, {d}) raised {type}: {err}",
+            if d % 2 == 0 or not passed_even:
+                raise  # not P15: the learner's own line is shown (exercise_check)
+            err.exercise_hint = N_(
                 "with an odd d_model there is one more sine column than cosine columns "
                 "(pitfall P15): fill pe[:, 0::2] and pe[:, 1::2] with angles sliced "
-                "to their own widths.",
-                d=d,
-                type=type(err).__name__,
-                err=err,
+                "to their own widths."
             )
+            raise  # exercise_check shows the learner's line, then this hint
         name = f"fn({_short(positions)}, {d})"
         check_shape(out, (max_len, d), name)
         out = out.detach().double()
         table = sinusoidal_encoding(int(positions.max()) + 2, d, dtype=torch.float64)
         ref = table[positions]
         if torch.allclose(out, ref, atol=1e-5):
+            passed_even = passed_even or d % 2 == 0
             continue
         if torch.allclose(out, table[:max_len], atol=1e-5):
             fail(
@@ -77,6 +79,32 @@ def check_sinusoidal_encoding(fn: Callable[[Tensor, int], Tensor]) -> bool:
                 last=max_len - 1,
             )
         pos = positions.double()[:, None]
+        if torch.allclose(out, table[positions.sort().values], atol=1e-5):
+            fail(
+                "{name}: your rows are those of the positions sorted: row t must be "
+                "the encoding of positions[t], in the order given",
+                "compute the angles from positions as they are; do not sort them.",
+                name=name,
+            )
+        per_col = pos * 10000.0 ** (-torch.arange(d, dtype=torch.float64) / d)
+        if d > 1 and torch.allclose(out[:, 1::2], per_col[:, 1::2].cos(), atol=1e-5):
+            fail(
+                "{name}: each column has its own frequency 10000^(-j / d_model): the "
+                "cosine of column 2i + 1 must share the frequency of the sine in "
+                "column 2i",
+                "one frequency per pair of columns: w_i = 10000^(-2i / d_model) for "
+                "columns 2i and 2i + 1.",
+                name=name,
+            )
+        flat = torch.zeros_like(out)
+        flat[:, 0::2], flat[:, 1::2] = pos.sin(), pos.cos()
+        if d > 2 and torch.allclose(out, flat, atol=1e-5):
+            fail(
+                "{name}: every pair of columns holds sin(p) and cos(p): the exponent "
+                "2i / d_model is 0 for every pair, as with integer division (//)",
+                "2 * i / d_model is a fraction between 0 and 1: use true division.",
+                name=name,
+            )
         if d % 2 == 0:
             ang = pos * 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
             if torch.allclose(out, torch.cat((ang.sin(), ang.cos()), -1), atol=1e-5):
@@ -127,6 +155,7 @@ def _short(positions: Tensor) -> str:
 
 
 @exercise_check
+@forbids(apply_rotary)
 def check_rotary_half(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
     """Chapter 4, exercise "rotary, half layout": ``fn(x, positions)`` with x
     (..., T, d), d even, and integer positions (T,) must rotate the pair
@@ -137,7 +166,6 @@ def check_rotary_half(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
             ignored positions, the exponent i / d, a changed norm, a call to the
             library's ``apply_rotary``, or the first wrong value.
     """
-    fn = own_code(fn, apply_rotary)
     gen = torch.Generator().manual_seed(40)
     for shape, offset in (((5, 4), 0), ((2, 3, 6, 8), 0), ((1, 2, 3, 16), 7)):
         x = torch.randn(*shape, generator=gen)
@@ -200,6 +228,7 @@ def check_rotary_half(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
 
 
 @exercise_check
+@forbids(position_ids)
 def check_new_token_positions(fn: Callable[[Tensor, int], Tensor]) -> bool:
     """Chapter 4, exercise "find the bug: positions under a KV cache": ``fn(keep,
     n_new)`` with keep a bool (B, S) padding mask over every token so far (cache plus
@@ -212,7 +241,6 @@ def check_new_token_positions(fn: Callable[[Tensor, int], Tensor]) -> bool:
             the last, padding counted as positions, a call to ``position_ids``, or the
             first wrong value.
     """
-    fn = own_code(fn, position_ids)
     keep_full = torch.ones(1, 7, dtype=torch.bool)
     keep_left = torch.tensor(
         [[False, False, True, True, True, True], [True, True, True, True, True, True]]

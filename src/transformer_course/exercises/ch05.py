@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from transformer_course.attention import scaled_dot_product_attention, sdpa_attention
 from transformer_course.exercises import pitfalls
 from transformer_course.exercises._common import (
     ShapeError,
@@ -19,6 +20,7 @@ from transformer_course.exercises._common import (
     passed,
 )
 from transformer_course.exercises._language import N_, gettext
+from transformer_course.exercises._method import forbids
 from transformer_course.exercises._properties import (
     _qkv4,
     check_causal_leakage,
@@ -26,6 +28,8 @@ from transformer_course.exercises._properties import (
     check_mask_polarity,
     check_padding_invariance,
 )
+from transformer_course.flash import tiled_attention
+from transformer_course.masks import causal_mask, padding_mask
 
 _REFERENCE_MISTAKES = (
     (
@@ -57,8 +61,7 @@ _REFERENCE_MISTAKES = (
 
 def _compare_with_reference(fn, name: str, masked: bool) -> None:
     """fn on inputs with B, H, T, S, d all different, against the library."""
-    from transformer_course.attention import scaled_dot_product_attention
-    from transformer_course.masks import causal_mask, combine_masks
+    from transformer_course.masks import combine_masks
 
     gen = torch.Generator().manual_seed(54)
     b, h, t, s, d = 2, 3, 4, 6, 5
@@ -98,6 +101,7 @@ def _compare_with_reference(fn, name: str, masked: bool) -> None:
 
 
 @exercise_check
+@forbids(scaled_dot_product_attention, sdpa_attention, tiled_attention)
 def check_attention_properties(fn: Callable[..., Tensor], *, name: str = "fn") -> bool:
     """Chapter 5, "find the bug: masked attention": compare ``fn(q, k, v, mask)`` with
     the library's attention on inputs whose sizes all differ, then run the four
@@ -126,6 +130,7 @@ def check_attention_properties(fn: Callable[..., Tensor], *, name: str = "fn") -
 
 
 @exercise_check
+@forbids(causal_mask)
 def check_causal_mask(fn: Callable[[int, int], Tensor]) -> bool:
     """Chapter 5, exercise "causal mask for a KV cache": ``fn(q_len, k_len)`` must return
     a bool (T, S) mask, True = may attend, with query i seeing keys j <= i + S - T
@@ -135,8 +140,6 @@ def check_causal_mask(fn: Callable[[int, int], Tensor]) -> bool:
         CheckError: naming a non-bool mask, inverted polarity, a masked diagonal, or
             top-left alignment.
     """
-    from transformer_course.masks import causal_mask
-
     for t, s in ((4, 4), (2, 5), (1, 6), (3, 3)):
         out = fn(t, s)
         check_shape(out, (t, s), f"fn({t}, {s})")
@@ -166,6 +169,14 @@ def check_causal_mask(fn: Callable[[int, int], Tensor]) -> bool:
                 t=t,
                 s=s,
             )
+        if torch.equal(out, torch.tril(torch.ones(t, s, dtype=torch.bool), s - t + 1)):
+            fail(
+                "fn({t}, {s}) lets each query see one key too many: the next token, "
+                "which is in the future",
+                "query i sees keys j <= i + k_len - q_len: mind the diagonal offset.",
+                t=t,
+                s=s,
+            )
         if t != s and torch.equal(out, pitfalls.causal_mask_wrong_offset(t, s)):
             fail(
                 "fn({t}, {s}) hides keys the last queries must see: the diagonal "
@@ -188,6 +199,7 @@ def check_causal_mask(fn: Callable[[int, int], Tensor]) -> bool:
 
 
 @exercise_check
+@forbids(padding_mask)
 def check_padding_mask(fn: Callable[[Tensor, int], Tensor]) -> bool:
     """Chapter 5, exercise "find the bug: padding mask": ``fn(tokens, pad_id)`` with
     integer tokens (B, S) must return a bool (B, 1, 1, S) mask, True = real key.
@@ -196,8 +208,6 @@ def check_padding_mask(fn: Callable[[Tensor, int], Tensor]) -> bool:
         CheckError: naming a mask on the query axis (B, 1, S, 1) (pitfall P5), inverted
             polarity, or a missing singleton axis.
     """
-    from transformer_course.masks import padding_mask
-
     for tokens, pad in (
         (torch.tensor([[5, 7, 0, 0]]), 0),
         (torch.tensor([[3, 1, 2], [4, 9, 9]]), 9),
@@ -236,15 +246,14 @@ def check_decoder_mask(fn: Callable[[Tensor, int], Tensor]) -> bool:
     """Chapter 5, exercise "find the bug: a decoder's mask": ``fn(tokens, pad_id)``
     with integer tokens (B, T) must return the bool (B, 1, T, T) self-attention mask
     of a decoder, True = may attend: query i sees key j when j <= i and token j is not
-    padding.
+    padding. A mask that also hides the rows of padded queries is accepted (real
+    tokens see the same keys; a padded query's output is then 0).
 
     Raises:
         ShapeError: for a wrong shape.
         CheckError: naming padding on the query axis (pitfall P5), masks combined with
             "or", a missing causal or padding part, or an inverted mask.
     """
-    from transformer_course.masks import causal_mask, padding_mask
-
     for tokens, pad in (
         (torch.tensor([[5, 7, 3, 0, 0]]), 0),
         (torch.tensor([[9, 9, 4, 1], [3, 1, 2, 6], [4, 8, 9, 9]]), 9),
@@ -262,8 +271,8 @@ def check_decoder_mask(fn: Callable[[Tensor, int], Tensor]) -> bool:
         causal, keys = causal_mask(t), padding_mask(tokens, pad)
         queries = (tokens != pad)[:, None, :, None]
         ref = causal & keys
-        if torch.equal(out, ref):
-            continue
+        if torch.equal(out, ref) or torch.equal(out, ref & queries):
+            continue  # hiding padded queries' rows too is defensible: they get zeros
         if torch.equal(out, ~ref):
             fail(
                 "the mask is inverted: True marks what must be hidden",
@@ -273,8 +282,10 @@ def check_decoder_mask(fn: Callable[[Tensor, int], Tensor]) -> bool:
             (
                 causal & queries,
                 N_(
-                    "the padding part varies along the queries (rows), "
-                    "so real tokens still attend to padded keys (pitfall P5)"
+                    "the padding part varies along the queries (rows): it hides the "
+                    "rows of padded queries, not the padded keys, so in a "
+                    "left-padded sequence a real token attends to the padding "
+                    "before it (pitfall P5)"
                 ),
             ),
             (
@@ -298,6 +309,20 @@ def check_decoder_mask(fn: Callable[[Tensor, int], Tensor]) -> bool:
             (
                 keys.expand_as(ref),
                 N_("future keys are visible: only the padding part is there"),
+            ),
+            (
+                causal & ~keys,
+                N_(
+                    "the padding part is inverted: padded keys are visible and the "
+                    "real ones hidden"
+                ),
+            ),
+            (
+                torch.ones(t, t, dtype=torch.bool).triu() & keys,
+                N_(
+                    "the causal part is upper-triangular (triu): each query sees "
+                    "itself and the future, not the past"
+                ),
             ),
         ):
             if torch.equal(out, wrong):

@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from transformer_course.exercises._common import (
     ShapeError,
@@ -15,11 +16,12 @@ from transformer_course.exercises._common import (
     passed,
 )
 from transformer_course.exercises._language import N_, gettext
-from transformer_course.exercises._method import own_code
+from transformer_course.exercises._method import Forbidden, forbids
 from transformer_course.training import make_criterion, noam_lr, translation_loss
 
 
 @exercise_check
+@forbids(noam_lr)
 def check_noam_lr(fn: Callable[[int, int, int], float]) -> bool:
     """Chapter 6, exercise "warmup schedule": ``fn(step, d_model, warmup)`` must return
     d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) for step >= 1 (Vaswani et al.
@@ -30,7 +32,6 @@ def check_noam_lr(fn: Callable[[int, int, int], float]) -> bool:
             for a peak at the wrong step, a missing d_model factor, a swapped min/max,
             a step off by one, or a call to the library's ``noam_lr``.
     """
-    fn = own_code(fn, noam_lr)
     for d_model, warmup in ((512, 4000), (128, 400), (64, 10)):
         for step in (1, warmup // 2, warmup, 2 * warmup, 10 * warmup):
             got, want = float(fn(step, d_model, warmup)), noam_lr(step, d_model, warmup)
@@ -122,6 +123,9 @@ def check_noam_lr(fn: Callable[[int, int, int], float]) -> bool:
 
 
 @exercise_check
+@forbids(
+    make_criterion, Forbidden(F.cross_entropy, "label_smoothing", lambda eps: eps > 0)
+)
 def check_label_smoothed_loss(fn: Callable[..., Tensor]) -> bool:
     """Chapter 6, exercise "label smoothing by hand": ``fn(logits, target, eps,
     pad_id)`` with logits (N, V) and target (N,) must return the mean over non-padding
@@ -130,10 +134,10 @@ def check_label_smoothed_loss(fn: Callable[..., Tensor]) -> bool:
 
     Raises:
         CheckError: with a hint for padding counted in the loss or the average,
-            smoothing spread over V - 1 tokens, no smoothing at all, or a call to
-            the library's ``make_criterion``.
+            smoothing spread over V - 1 tokens, no smoothing at all, a call to
+            the library's ``make_criterion``, or PyTorch's own smoothing
+            (``label_smoothing=`` of ``F.cross_entropy`` or ``nn.CrossEntropyLoss``).
     """
-    fn = own_code(fn, make_criterion)
     gen = torch.Generator().manual_seed(6)
     for n, v, eps in ((8, 5, 0.1), (12, 7, 0.2), (5, 3, 0.0)):
         logits = torch.randn(n, v, generator=gen) * 2
@@ -239,6 +243,7 @@ def check_label_smoothed_loss(fn: Callable[..., Tensor]) -> bool:
 
 
 @exercise_check
+@forbids(translation_loss)
 def check_teacher_forcing_loss(fn: Callable[..., Tensor]) -> bool:
     """Chapter 6, exercise "find the bug: teacher forcing": ``fn(model, src, tgt,
     criterion)`` must feed the decoder tgt[:, :-1] and score its predictions against
@@ -252,8 +257,6 @@ def check_teacher_forcing_loss(fn: Callable[..., Tensor]) -> bool:
     """
     from transformer_course.device import seeded
     from transformer_course.model import TransformerConfig, make_model
-
-    fn = own_code(fn, translation_loss)
 
     gen = torch.Generator().manual_seed(7)
     cfg = TransformerConfig(

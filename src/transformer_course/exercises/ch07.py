@@ -21,8 +21,8 @@ from transformer_course.exercises._common import (
 )
 from transformer_course.exercises._language import N_, gettext
 from transformer_course.exercises._method import (
+    forbids,
     loops_over,
-    own_code,
     torch_calls,
     whole_row_reductions,
 )
@@ -55,6 +55,7 @@ def _stats(x: Tensor) -> tuple[Tensor, Tensor]:
 
 
 @exercise_check
+@forbids(online_softmax)
 def check_online_softmax(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
     """Chapter 7, exercise "merging two halves of a row" (FlashDecoding's split of the
     keys): ``fn(m_a, l_a, m_b, l_b)`` with the running maxima and sums (T,) of two
@@ -68,7 +69,6 @@ def check_online_softmax(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
             sign, NaN from a half that is all -inf, overflow, a wrong maximum, a call
             to the library's ``online_softmax``, or the first wrong value.
     """
-    fn = own_code(fn, online_softmax)
     gen = torch.Generator().manual_seed(7)
     inf = float("-inf")
     x = torch.randn(5, 12, generator=gen) * 3
@@ -95,28 +95,7 @@ def check_online_softmax(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
             m=m.tolist(),
             want_m=want_m.tolist(),
         )
-    if torch.isnan(l).any():
-        row = int(torch.nonzero(torch.isnan(l))[0])
-        where = (
-            N_("which is all -inf")
-            if row == 3
-            else N_("one of whose halves is all -inf")
-        )
-        fail(
-            "l is NaN for row {row}, {where}: exp(m_a - m) with m_a = m = -inf "
-            "is exp(-inf + inf)",
-            "a half with l = 0 adds nothing, whatever its factor: guard the factor "
-            "where m is -inf.",
-            row=row,
-            where=gettext(where),
-        )
-    if torch.isinf(l).any():
-        fail(
-            "l overflows for the row of scores around 1000",
-            "the factors exp(m_a - m) and exp(m_b - m) are at most 1: which way round "
-            "are your exponents?",
-        )
-    rows = torch.tensor([0, 4])  # both halves visible
+    rows = torch.tensor([0, 4])  # both halves visible, no -inf: the cheap cases first
     if close(l[rows], (l_a + l_b)[rows]):
         fail(
             "l = l_a + l_b: the two sums were added without rescaling them to the "
@@ -130,6 +109,39 @@ def check_online_softmax(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool:
             "your factors are exp(m - m_a) and exp(m - m_b): the exponents are "
             "reversed, so a half with a smaller maximum weighs more, not less",
             "rescaling to a larger maximum shrinks a sum: each factor is at most 1.",
+        )
+    if not torch.isfinite(l[4]):
+        fail(
+            "l is {value} for row 4, whose scores are around 1000 and have no -inf: "
+            "a number such as exp(m_a) or exp(m) overflowed float32 (exp(89) is "
+            "already inf)",
+            "never exponentiate a maximum itself: only differences to the common "
+            "maximum, exp(m_a - m) and exp(m_b - m), which are at most 1.",
+            value=l[4].item(),
+        )
+    if torch.isinf(l).any():
+        fail(
+            "l overflows for the row of scores around 1000",
+            "the factors exp(m_a - m) and exp(m_b - m) are at most 1: which way round "
+            "are your exponents?",
+        )
+    if torch.isnan(l[3]):
+        fail(
+            "l is NaN for row 3, which is all -inf: exp(m_a - m) with m_a = m = -inf "
+            "is exp(-inf + inf)",
+            "a half with l = 0 adds nothing, whatever its factor: guard the factor "
+            "where m is -inf.",
+        )
+    if torch.isnan(l).any():
+        row = int(torch.nonzero(torch.isnan(l))[0])
+        fail(
+            "l is NaN for row {row}, one of whose halves is all -inf (its m is -inf "
+            "and its l is 0) while the row's m is finite: the right factor of that "
+            "half, exp(-inf - m), is exactly 0, so the NaN comes from another term, "
+            "such as 0 * exp(+inf) or -inf - (-inf)",
+            "print each term of the merge for that row: m_a, l_a, m_b, l_b, m and "
+            "the two factors.",
+            row=row,
         )
     check_close(l, want_l, rtol=1e-5, name="l")
     return passed(
@@ -165,6 +177,7 @@ _STREAMING_CASES = (
 
 
 @exercise_check
+@forbids(tiled_attention, online_softmax)
 def check_streaming_attention(fn: Callable[..., Tensor]) -> bool:
     """Chapter 7, exercise "find the bug" (one query, streamed with the online softmax
     of Milakov and Gimelshein 2018, as FlashAttention, Dao et al. 2022, streams keys):
@@ -181,7 +194,6 @@ def check_streaming_attention(fn: Callable[..., Tensor]) -> bool:
             attentions, a softmax or maximum over all the scores at once, a call to
             the library's tiled attention, a wrong shape, or the first wrong value.
     """
-    fn = own_code(fn, tiled_attention, online_softmax)
     gen = torch.Generator().manual_seed(8)
     for s, d, dv, block, pattern in _STREAMING_CASES:
         q = torch.randn(d, generator=gen) * 2
@@ -289,6 +301,7 @@ def _check_no_key_kept(out: Tensor, v: Tensor) -> None:
 
 
 @exercise_check
+@forbids(repeat_kv)
 def check_repeat_kv(fn: Callable[[Tensor, int], Tensor]) -> bool:
     """Chapter 7, exercise "repeat_kv": ``fn(x, n_rep)`` with x (B, H_kv, S, d) must
     return (B, H_kv * n_rep, S, d) where head h is x's head h // n_rep (each key/value
@@ -298,7 +311,6 @@ def check_repeat_kv(fn: Callable[[Tensor, int], Tensor]) -> bool:
         CheckError: naming a wrong shape, heads tiled in the wrong order, a loop
             over the heads, or a call to the library's ``repeat_kv``.
     """
-    fn = own_code(fn, repeat_kv)
     gen = torch.Generator().manual_seed(9)
     for shape, n_rep in (((2, 3, 5, 4), 2), ((1, 2, 3, 8), 4), ((2, 4, 1, 2), 1)):
         x = torch.randn(*shape, generator=gen)
@@ -327,6 +339,7 @@ def check_repeat_kv(fn: Callable[[Tensor, int], Tensor]) -> bool:
 
 
 @exercise_check
+@forbids(quantize_int8)
 def check_quantize_int8(fn: Callable[[Tensor, int], tuple[Tensor, Tensor]]) -> bool:
     """Chapter 7, exercise "int8 in groups": ``fn(weight, group)`` with weight
     (d_out, d_in), d_in a multiple of group, must return ``(w_int8, scale)``: int8
@@ -342,7 +355,6 @@ def check_quantize_int8(fn: Callable[[Tensor, int], tuple[Tensor, Tensor]]) -> b
             of rounding, codes that wrapped around, a call to the library's
             ``quantize_int8``, or an error larger than half a step.
     """
-    fn = own_code(fn, quantize_int8)
     gen = torch.Generator().manual_seed(10)
     rows = torch.logspace(-2, 1, 6)[:, None]  # rows of very different sizes ...
     cols = torch.logspace(-1, 1, 4).repeat_interleave(8)  # ... and groups within a row
@@ -398,6 +410,51 @@ def _check_groups_once(fn, w: Tensor, group: int) -> None:
             "every group has the same scale: that is per-tensor quantization",
             "small groups then round to 0; take the maximum of each group.",
         )
+    grouped = w.reshape(d_out, n_groups, group)
+    row_max = w.abs().amax(-1, keepdim=True).expand(d_out, n_groups)
+    for wrong, message, hint in (
+        (
+            w.reshape(d_out, group, n_groups).abs().amax(1) / 127,
+            N_(
+                "group = {group}: your groups are strided: group j holds every "
+                "{n}-th weight of a row (reshape(d_out, group, n)), not {group} "
+                "consecutive ones"
+            ),
+            N_(
+                "a group is a run of consecutive weights: reshape each row as "
+                "(d_in // group, group)."
+            ),
+        ),
+        (
+            row_max / 127,
+            N_(
+                "group = {group}: every group of a row has the row's scale: the "
+                "maximum was taken over the whole row, then repeated"
+            ),
+            N_("take the maximum of each group of {group} weights on its own."),
+        ),
+        (
+            grouped.amax(-1) / 127,
+            N_("group = {group}: the scale is max(w) / 127, not max(|w|) / 127"),
+            N_(
+                "a symmetric scale must cover the most negative weight too: take the "
+                "maximum of the absolute values."
+            ),
+        ),
+        (
+            grouped.abs().mean(-1) / 127,
+            N_("group = {group}: the scale is the mean |w| / 127, not the max"),
+            N_(
+                "the largest |w| of a group must still fit in a code: the scale "
+                "comes from the maximum."
+            ),
+        ),
+    ):
+        right = grouped.abs().amax(-1) / 127
+        if torch.allclose(scale, wrong, rtol=1e-4, atol=0.0) and not torch.allclose(
+            wrong, right, rtol=1e-4
+        ):  # where a mistake gives the right scale (one group a row), it is not one
+            fail(message, hint, group=group, n=n_groups)
     step = scale.repeat_interleave(group, dim=1)  # (d_out, d_in): each weight's step
     err = (w_int8.float() * step - w).abs()
     if (err > step / 2 + 1e-6).any():

@@ -21,7 +21,7 @@ from transformer_course.exercises._common import (
     passed,
 )
 from transformer_course.exercises._language import N_, gettext
-from transformer_course.exercises._method import loops_over, own_code
+from transformer_course.exercises._method import forbids, loops_over
 from transformer_course.vision import patchify
 
 
@@ -42,6 +42,7 @@ def _loop_patches(images: Tensor, p: int, channels_last: bool = False) -> Tensor
 
 
 @exercise_check
+@forbids(patchify)
 def check_patchify(fn: Callable[[Tensor, int], Tensor]) -> bool:
     """Chapter 8, exercise "find the bug: patchify colour images": ``fn(images, p)``
     must turn (B, C, H, W) images into (B, N, C * p * p) square patches in row-major
@@ -54,7 +55,6 @@ def check_patchify(fn: Callable[[Tensor, int], Tensor]) -> bool:
             height and width swapped, a loop over patches or images, a call to the
             library's ``patchify``, or any other difference.
     """
-    fn = own_code(fn, patchify)
     images = torch.arange(2 * 3 * 8 * 12, dtype=torch.float32).reshape(2, 3, 8, 12)
     want = _loop_patches(images, 4)  # (2, 6, 48)
     got = fn(images, 4)
@@ -129,6 +129,7 @@ MAX_SCALE = 100.0  # CLIP clips the logit scale at 100 (Radford et al. 2021, 2.5
 
 
 @exercise_check
+@forbids(contrastive_loss)
 def check_clip_loss(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> bool:
     """Chapter 8, exercise "InfoNCE with CLIP's learned temperature": ``fn(image_emb,
     text_emb, log_scale)`` on (B, E) embeddings (not yet normalised) and the learned
@@ -141,10 +142,11 @@ def check_clip_loss(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> bool:
             then fails in training), missing L2 normalisation or one over the batch
             axis, log_scale used as the scale, a scale that is not clipped, missing or
             divided by, the one-sided loss (images to texts only), the two directions
-            summed, not averaged, a call to the library's ``contrastive_loss``, or any
-            other difference.
+            summed, not averaged, a clip from below (clamp(min=100)) or at log(100)
+            after exp, a loss with no gradient with respect to log_scale (``.item()``,
+            ``math.exp``: the temperature is never learned), a call to the library's
+            ``contrastive_loss``, or any other difference.
     """
-    fn = own_code(fn, contrastive_loss)
     g = torch.Generator().manual_seed(8)
     img, txt = 3 * torch.randn(6, 5, generator=g), torch.randn(6, 5, generator=g)
     for log_scale in (math.log(4.0), 5.0):  # scale 4, and exp(5) = 148 clipped to 100
@@ -154,12 +156,45 @@ def check_clip_loss(fn: Callable[[Tensor, Tensor, Tensor], Tensor]) -> bool:
     )
 
 
+def _check_scale_gradient(loss: Tensor, log_scale: Tensor, img, txt) -> None:
+    """A right value is not enough: CLIP learns log_scale, so the loss must carry its
+    gradient (learner trial 2026-12-03: ``.item()`` and ``math.exp`` passed)."""
+    grad = None
+    if loss.requires_grad:
+        (grad,) = torch.autograd.grad(loss.sum(), log_scale, allow_unused=True)
+    ref = log_scale.detach().clone().requires_grad_(True)
+    i, t = F.normalize(img, dim=-1), F.normalize(txt, dim=-1)
+    labels = torch.arange(len(img))
+    logits = ref.exp().clamp(max=MAX_SCALE) * i @ t.T
+    want = (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+    (want_grad,) = torch.autograd.grad(want, ref)
+    if grad is None or float(grad) == 0.0:
+        fail(
+            "the loss is right, but it has no gradient with respect to log_scale "
+            "(expected d loss / d log_scale = {want:.3f}): the scale was taken out "
+            "of the graph, so CLIP's temperature would never be learned",
+            "keep the scale a tensor: log_scale.exp().clamp(max=100), not .item(), "
+            "math.exp or float().",
+            want=float(want_grad),
+        )
+    if not math.isclose(float(grad), float(want_grad), rel_tol=1e-3, abs_tol=1e-5):
+        fail(
+            "the loss is right, but its gradient with respect to log_scale is "
+            "{got:.4f}, expected {want:.4f}",
+            "compute the scale from log_scale with torch operations only, "
+            "exp then clamp(max=100).",
+            got=float(grad),
+            want=float(want_grad),
+        )
+
+
 def _check_clip_once(fn, img: Tensor, txt: Tensor, log_scale: float) -> None:
     scale = min(math.exp(log_scale), MAX_SCALE)
     want = _hand_loss(img, txt, scale)
     img_in, txt_in = img.clone(), txt.clone()
     versions = img_in._version, txt_in._version
-    got = fn(img_in, txt_in, torch.tensor(log_scale))
+    log_scale_in = torch.tensor(log_scale, requires_grad=True)  # a parameter, learned
+    got = fn(img_in, txt_in, log_scale_in)
     if (img_in._version, txt_in._version) != versions or not (
         torch.equal(img_in, img) and torch.equal(txt_in, txt)
     ):
@@ -176,8 +211,10 @@ def _check_clip_once(fn, img: Tensor, txt: Tensor, log_scale: float) -> None:
             "return the mean of the two losses.",
             kind=ShapeError,
         )
-    got = float(got)
+    loss, got = got, float(got.detach())
     if math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-5):
+        if scale < MAX_SCALE:  # not clipped: the loss must depend on log_scale
+            _check_scale_gradient(loss, log_scale_in, img, txt)
         return
     fields = {"log_scale": log_scale, "got": got, "want": want}
     value = gettext(
@@ -201,6 +238,31 @@ def _check_clip_once(fn, img: Tensor, txt: Tensor, log_scale: float) -> None:
             log_scale=log_scale,
             exp=math.exp(log_scale),
         )
+    for clipped, message, hint in (
+        (
+            max(math.exp(log_scale), MAX_SCALE),
+            N_(
+                "{value}: the scale is {scale:.1f}, at least 100 instead of at most "
+                "100: clamp(min=...) raises small scales"
+            ),
+            N_("clip from above: the largest scale allowed is 100 (clamp(max=100))."),
+        ),
+        (
+            min(math.exp(log_scale), math.log(MAX_SCALE)),
+            N_(
+                "{value}: the scale is {scale:.2f}: the clip at log(100) = 4.61 was "
+                "applied after exp, to the scale itself"
+            ),
+            N_(
+                "clip log_scale at log(100) before exp, or the scale exp(log_scale) "
+                "at 100 after it."
+            ),
+        ),
+    ):
+        if not math.isclose(clipped, scale) and math.isclose(
+            got, _hand_loss(img, txt, clipped), rel_tol=1e-4
+        ):
+            fail(message, hint, value=value, scale=clipped)
     labels = torch.arange(len(img))
     i, t = F.normalize(img, dim=-1), F.normalize(txt, dim=-1)
 

@@ -27,7 +27,7 @@ from transformer_course.exercises._common import (
     passed,
 )
 from transformer_course.exercises._language import N_, gettext
-from transformer_course.exercises._method import own_code
+from transformer_course.exercises._method import forbids
 
 
 def _loop_mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
@@ -39,6 +39,7 @@ def _loop_mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
 
 
 @exercise_check
+@forbids(mean_pool)
 def check_mean_pool(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
     """Chapter 9, exercise "mean pooling": ``fn(hidden, mask)`` with hidden (B, S, D)
     and mask (B, S) bool must return the mean of the real tokens' vectors (B, D)
@@ -48,7 +49,6 @@ def check_mean_pool(fn: Callable[[Tensor, Tensor], Tensor]) -> bool:
         CheckError: for a wrong shape (``ShapeError``), padding counted in the mean, a
             call to the library's ``mean_pool``, or any other difference.
     """
-    fn = own_code(fn, mean_pool)
     gen = torch.Generator().manual_seed(9)
     hidden = torch.randn(4, 6, 5, generator=gen)
     mask = torch.tensor(
@@ -131,6 +131,7 @@ def _farthest_agreement(emb: Tensor, ref: Tensor) -> float:
 
 
 @exercise_check
+@forbids(neighbour_agreement, nearest_neighbours)
 def check_neighbour_agreement(fn: Callable[[Tensor, Tensor], float]) -> bool:
     """Chapter 9, exercise "nearest-neighbour agreement": ``fn(emb, ref)`` with (N, D)
     and (N, D') must return the share of rows whose most cosine-similar *other* row
@@ -143,7 +144,6 @@ def check_neighbour_agreement(fn: Callable[[Tensor, Tensor], float]) -> bool:
             a share, a call to the library's ``neighbour_agreement``, or any other
             difference.
     """
-    fn = own_code(fn, neighbour_agreement, nearest_neighbours)
     gen = torch.Generator().manual_seed(9)
     ref = torch.randn(30, 8, generator=gen)
     scaled = ref * torch.linspace(0.2, 5.0, 30)[:, None]  # same cosines, other norms
@@ -239,6 +239,7 @@ def _hand_soft_loss(
 
 
 @exercise_check
+@forbids(soft_target_loss)
 def check_soft_target_loss(fn: Callable[[Tensor, Tensor, float], Tensor]) -> bool:
     """Chapter 9, exercise "find the bug: a confident teacher": ``fn(student_logits,
     teacher_logits, T)`` must return T^2 KL(softmax(t / T) || softmax(s / T)),
@@ -251,7 +252,6 @@ def check_soft_target_loss(fn: Callable[[Tensor, Tensor, float], Tensor]) -> boo
             confident teacher, a call to the library's ``soft_target_loss``, or any
             other difference.
     """
-    fn = own_code(fn, soft_target_loss)
     gen = torch.Generator().manual_seed(9)
     s, t = torch.randn(6, 10, generator=gen), 2 * torch.randn(6, 10, generator=gen)
     for T in (1.0, 2.0, 5.0):
@@ -348,6 +348,20 @@ def check_soft_target_loss(fn: Callable[[Tensor, Tensor, float], Tensor]) -> boo
             want=want,
         )
     if not math.isclose(float(got), want, rel_tol=1e-4):
+        for cap in (10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 80.0, 88.0, 100.0):
+            if math.isclose(
+                float(got), _hand_soft_loss(s, t.clamp(max=cap), 1.0), rel_tol=1e-4
+            ):
+                fail(
+                    "teacher logits [0, 60, 120] at T = 1: got {got:.4f}, expected "
+                    "{want:.4f}: that is the loss of a teacher whose large logits "
+                    "were clamped (60 and 120 made equal): another teacher, with "
+                    "other probabilities",
+                    "keep the teacher's logits as they are: log_softmax(t / T) "
+                    "gives log p without forming p, and p = exp(log p).",
+                    got=float(got),
+                    want=want,
+                )
         fail(
             "teacher logits [0, 60, 120] at T = 1: got {got:.4f}, expected {want:.4f}",
             "a class whose teacher probability is 0 must add nothing to the loss.",

@@ -389,3 +389,119 @@ def streaming_attention_no_output_rescale(q, k, v, keep, block):
         acc = acc + p @ v[j : j + block]  # bug: acc not rescaled
         m = m_new
     return acc / l if l > 0 else acc
+
+
+# --------------------------------- the learner trial of 2026-12-03 (issue 39, item 2)
+# Each of these got through a check, or got a hint that named another mistake.
+
+
+def softmax_global_max(
+    scores: Tensor, mask: Tensor | None = None, dim: int = -1
+) -> Tensor:
+    """A guarded softmax along ``dim`` that subtracts one maximum for the whole tensor
+    (``s - s.max()``) instead of each slice's own: a slice far below the global
+    maximum underflows to exp(-1000) = 0, and the guard turns it into zeros."""
+    if mask is not None:
+        scores = scores.masked_fill(~mask, _INF)
+    top = scores.max()
+    top = top if torch.isfinite(top) else torch.zeros_like(top)
+    e = torch.exp(scores - top)
+    total = e.sum(dim, keepdim=True)
+    return e / torch.where(total > 0, total, torch.ones_like(total))
+
+
+def attention_valid_softmax_over_queries(q, k, v, valid):
+    """Chapter 1's attention with missing keys, the keys hidden right but the softmax
+    over the query axis (dim=1): the column of a missing key is all -inf, so NaN."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~valid[:, None, :], _INF)
+    weights = torch.softmax(scores, dim=1)
+    return weights @ v, weights
+
+
+def attention_valid_swapped(q, k, v, valid):
+    """Chapter 1's attention with missing keys, right, returning ``(weights, out)``."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    weights = torch.softmax(scores.masked_fill(~valid[:, None, :], _INF), dim=-1)
+    return weights, weights @ v
+
+
+def merge_halves_reversed(m_a, l_a, m_b, l_b):
+    """Chapter 7's merge of two halves with the exponents reversed, exp(m - m_a), and
+    no guard: a half that is all -inf gives 0 * exp(+inf) = NaN."""
+    m = torch.maximum(m_a, m_b)
+    return m, l_a * torch.exp(m - m_a) + l_b * torch.exp(m - m_b)
+
+
+def merge_halves_absolute(m_a, l_a, m_b, l_b):
+    """Chapter 7's merge through absolute sums, l_a exp(m_a) + l_b exp(m_b), divided
+    by exp(m), with a guard for -inf: exp(1000) overflows to inf, and inf / inf is
+    NaN for a row of scores around 1000, which has no -inf at all."""
+    m = torch.maximum(m_a, m_b)
+    a = torch.where(torch.isinf(m_a), torch.zeros_like(l_a), l_a * torch.exp(m_a))
+    b = torch.where(torch.isinf(m_b), torch.zeros_like(l_b), l_b * torch.exp(m_b))
+    return m, torch.where(torch.isinf(m), torch.zeros_like(m), (a + b) / torch.exp(m))
+
+
+def clip_loss_scale_item(image_emb, text_emb, log_scale):
+    """Chapter 8's CLIP loss, right in value, with the scale taken out of the graph
+    (``min(log_scale.exp().item(), 100)``): log_scale gets no gradient, so the
+    temperature CLIP is meant to learn stays where it started."""
+    scale = min(log_scale.exp().item(), 100.0)
+    return _clip(image_emb, text_emb, scale)
+
+
+def clip_loss_math_exp(image_emb, text_emb, log_scale):
+    """The same, through ``math.exp(log_scale)``: a Python float, no gradient."""
+    return _clip(image_emb, text_emb, min(math.exp(log_scale), 100.0))
+
+
+def clip_loss_clamp_min(image_emb, text_emb, log_scale):
+    """Chapter 8's CLIP loss with ``clamp(min=100)``: the scale is at least 100, not
+    at most."""
+    return _clip(image_emb, text_emb, log_scale.exp().clamp(min=100.0))
+
+
+def clip_loss_clamp_log_after_exp(image_emb, text_emb, log_scale):
+    """Chapter 8's CLIP loss with the clip at log(100) applied after the exp: the
+    scale is at most 4.6, not 100."""
+    return _clip(image_emb, text_emb, log_scale.exp().clamp(max=math.log(100.0)))
+
+
+def _clip(image_emb, text_emb, scale):
+    i = image_emb / image_emb.norm(dim=-1, keepdim=True)
+    t = text_emb / text_emb.norm(dim=-1, keepdim=True)
+    logits = scale * i @ t.T
+    labels = torch.arange(len(i))
+    ce = torch.nn.functional.cross_entropy
+    return (ce(logits, labels) + ce(logits.T, labels)) / 2
+
+
+def soft_loss_clamped_teacher(student_logits, teacher_logits, T):
+    """Chapter 9's soft-target loss with the teacher's logits clamped at 50 before the
+    softmax: finite, but for a confident teacher ([0, 60, 120]) it is another
+    teacher."""
+    p = torch.softmax(teacher_logits.clamp(max=50.0) / T, -1)
+    log_q = torch.log_softmax(student_logits / T, -1)
+    return T * T * (p * (p.log() - log_q)).sum(-1).mean()
+
+
+def rms_norm_no_eps(x, weight, eps):
+    """Chapter 10's RMSNorm without eps."""
+    return x / x.pow(2).mean(-1, keepdim=True).sqrt() * weight
+
+
+def rms_norm_mean_of_x(x, weight, eps):
+    """Chapter 10's RMSNorm with the mean of x in place of the mean of its squares."""
+    return x / (x.mean(-1, keepdim=True) + eps).sqrt() * weight
+
+
+def rms_norm_root_of_sum(x, weight, eps):
+    """Chapter 10's RMSNorm with the root of the sum of squares (an L2 norm)."""
+    return x / (x.pow(2).sum(-1, keepdim=True) + eps).sqrt() * weight
+
+
+def cache_bytes_group_ratio(n_layers, n_heads, n_kv_heads, d_k, nbytes, n_tokens):
+    """Chapter 10's KV-cache size with the group size ``n_heads // n_kv_heads`` for the
+    number of KV heads: right by coincidence when n_heads = n_kv_heads^2."""
+    return 2 * n_layers * (n_heads // n_kv_heads) * d_k * nbytes * n_tokens
