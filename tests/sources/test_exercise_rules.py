@@ -204,3 +204,110 @@ def test_first_code_cell_drops_myst_cell_options(tmp_path):
     code = assignments.first_code_cell(chapter)
     assert code == "import math\nx = math.pi"
     compile(code, "setup", "exec")  # the option line kept would be a SyntaxError
+
+
+# ------------------------------------- no chapter hands over an exercise's answer
+
+
+def _bound_before(text: str, position: int) -> dict[str, str]:
+    """The names that the code cells of a chapter's ``text`` before ``position`` bind
+    to a library object (``from M import name [as alias]``, ``alias = M.name``): local
+    name -> the object's dotted name."""
+    import ast
+
+    from transformer_course.exercises._method import _dotted, _resolve
+
+    bound: dict[str, str] = {}
+    for cell in assignments.CODE_CELL.finditer(text):
+        if cell.start() >= position:
+            break
+        try:
+            tree = ast.parse(cell["body"])
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for a in node.names:
+                    bound[a.asname or a.name] = f"{node.module}.{a.name}"
+            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Attribute):
+                dotted = _dotted(node.value)
+                head = (dotted or "").partition(".")[0]
+                for target in node.targets:
+                    if isinstance(target, ast.Name) and head in bound:
+                        rest = dotted.partition(".")[2]
+                        bound[target.id] = f"{bound[head]}.{rest}"
+    return {name: dotted for name, dotted in bound.items() if _resolve(dotted)}
+
+
+def handed_over(text: str, label: str, forbidden) -> list[str]:
+    """The names that a chapter's cells before exercise ``label`` bind, by name, to one
+    of ``forbidden`` (what the exercise's check refuses): each is an answer a learner
+    finds ready-made in the notebook."""
+    from transformer_course.exercises._method import _resolve
+
+    wanted = {id(f) for f in forbidden}
+    position = text.find(f":label: {label}\n")
+    return sorted(
+        f"{name} ({dotted})"
+        for name, dotted in _bound_before(text, position).items()
+        if id(_resolve(dotted)) in wanted
+    )
+
+
+FORBIDDING = [
+    (c, ex)
+    for c, ex in CODING
+    if getattr(getattr(exercises, ex.check), "forbidden", ())
+]
+
+
+@pytest.mark.parametrize(
+    "chapter,exercise", FORBIDDING, ids=[f"{c}-{ex.label}" for c, ex in FORBIDDING]
+)
+def test_no_cell_before_an_exercise_imports_the_function_it_asks_for(chapter, exercise):
+    """Learner trial 2026-12-03, findings 2 and 9: chapters 5 and 10 imported
+    ``causal_mask``, ``RMSNorm``, ``kv_cache_bytes_per_token`` and
+    ``permute_rotary_rows`` by name in their first cell, so the answer was one call
+    away. The library may be used before an exercise through its module (the check
+    refuses a call of it); a name bound to what the check forbids may not."""
+    forbidden = getattr(exercises, exercise.check).forbidden
+    for path in (
+        ROOT / "book" / f"{chapter}.md",
+        ROOT / "book" / "zh" / f"{chapter}.md",
+    ):
+        found = handed_over(path.read_text(encoding="utf-8"), exercise.label, forbidden)
+        assert not found, f"{path.name}: before {exercise.label}: {found}"
+
+
+def test_handed_over_sees_a_name_imported_before_the_exercise():
+    """Known wrong: chapter 5's first cell as it was (b4e74ea), and an alias."""
+    from transformer_course.masks import causal_mask
+
+    text = (
+        "```{code-cell} ipython3\n:tags: [hide-input]\nimport torch\n"
+        "from transformer_course.masks import (\n    causal_mask,\n    padding_mask,\n)\n"
+        "from transformer_course import masks\nmine = masks.causal_mask\n```\n\n"
+        "```{exercise} A causal mask\n:label: ex-masks-causal\nWrite it.\n```\n\n"
+        "```{code-cell} ipython3\nfrom transformer_course.masks import causal_mask "
+        "as later\n```\n"
+    )
+    found = handed_over(text, "ex-masks-causal", (causal_mask,))
+    assert found == [
+        "causal_mask (transformer_course.masks.causal_mask)",
+        "mine (transformer_course.masks.causal_mask)",
+    ]
+    assert handed_over(text, "ex-masks-causal", ()) == []
+
+
+def test_every_exercise_that_forbids_the_library_declares_it():
+    """One mechanism (``_method.forbids``) for all chapters: every coding exercise of
+    chapters 1-10 whose chapter has a library version of the answer declares it, so
+    an answer that only calls it is refused (learner trial 2026-12-03, finding 2)."""
+    free = {"check_split_qkv", "check_merge_folded_heads", "check_decoder_mask"}
+    missing = [
+        f"{c}: {ex.check}"
+        for c, ex in CODING
+        if ex.check not in free
+        and not getattr(getattr(exercises, ex.check), "forbidden", ())
+    ]
+    assert not missing, missing
