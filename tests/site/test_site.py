@@ -318,12 +318,12 @@ def english_on_a_chinese_page(soup: BeautifulSoup) -> list[str]:
             for english in THEME_ENGLISH:
                 if english in text:
                     problems.append(f"theme string in English: {english!r} ({el.name})")
-        if el.find_parent("div", class_="tc-animation") or "anim" in " ".join(
-            el.get("class", []) + [el.get("id", "")]
+        player = [t for t in [*shown, own.strip()] if t in zh_edition.PLAYER]
+        if player and (
+            el.find_parent("div", class_="tc-animation")
+            or "anim" in " ".join(el.get("class", []) + [el.get("id", "")])
         ):
-            for text in [*shown, own.strip()]:
-                if text in zh_edition.PLAYER:
-                    problems.append(f"animation label in English: {text!r}")
+            problems += [f"animation label in English: {text!r}" for text in player]
         alt = el.get("alt") if el.name == "img" else None
         if alt and not _HAN.search(alt) and el.get("lang") != "en":
             problems.append(f"English alt text not marked lang=en: {alt[:60]!r}")
