@@ -6,7 +6,9 @@ counts as its toggle) and by figures + diagrams + animations, the number of diag
 animations (``div.animation`` from ``to_jshtml``), the code cells and outputs that
 scroll sideways, the display equations wider than the column they sit in (MathJax's
 rendered width against the width of the block that holds ``div.math``: such an equation
-scrolls or is cut off, whatever the style sheet does with it), and the smallest figure
+scrolls or is cut off, whatever the style sheet does with it; one inside a closed
+solution counts too, its width in ex converted to px, against the article's width), and
+the smallest figure
 text in px (the ``data-min-text-px`` the viz functions attach to diagrams and
 ``img.tc-figure``). It waits for MathJax to finish typesetting before it measures.
 
@@ -56,18 +58,27 @@ async () => {
     .filter((el) => shown(el) && el.scrollWidth > el.clientWidth + 1)
     .map((el) => el.closest(".cell_input") ? "code" : "output");
   const sizes = all("[data-min-text-px]").map((el) => parseFloat(el.dataset.minTextPx));
-  // a display equation against the content width of the block around its div.math
-  const column = (el) => {
-    const box = el.closest("div.math").parentElement;
+  // every display equation, shown or inside a closed solution, against the content
+  // width of the block around its div.math (of the article, when it is not shown)
+  const inner = (box) => {
     const style = getComputedStyle(box);
     return box.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
   };
+  const article = document.querySelector("article.bd-article, article, main") || document.body;
+  const column = (el) => inner(shown(el) ? el.closest("div.math").parentElement : article);
+  const width = (el) => {  // the rendered width, or the svg's own width in ex as px
+    const svg = el.querySelector(":scope > svg");
+    if (!svg) return el.scrollWidth;
+    if (shown(el)) return svg.getBoundingClientRect().width;
+    const probe = document.createElement("div");
+    probe.style.width = svg.getAttribute("width");
+    el.appendChild(probe);
+    const px = parseFloat(getComputedStyle(probe).width);
+    probe.remove();
+    return px;
+  };
   const mathWidths = all("div.math mjx-container[display='true']")
-    .filter(shown)
-    .map((el) => {
-      const svg = el.querySelector(":scope > svg");
-      return [svg ? svg.getBoundingClientRect().width : el.scrollWidth, column(el)];
-    });
+    .map((el) => [width(el), column(el)]);
   return {
     height: document.documentElement.scrollHeight,
     code: sum(code) + sum(toggles),

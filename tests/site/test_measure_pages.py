@@ -33,14 +33,21 @@ summary {{ display: block; height: 20px; }}
     <svg width="{math_px}" height="10"></svg></mjx-container></div>
   <ul><li><div class="math"><mjx-container display="true" style="display:block">
     <svg width="300" height="10"></svg></mjx-container></div></li></ul>
+  <details><summary style="height:0">solution</summary><div class="math">
+    <mjx-container display="true"><svg width="{hidden_ex}ex" height="1ex"></svg>
+  </mjx-container></div></details>
 </section>
 </body></html>"""
 
 
-def page_html(code="short", diagram_px="9.0", math_px=600):
-    # 300 + 100 + 20 + 200 + 100 + 80 = 800 px of content, 1200 px of spacer; the two
-    # equations sit in a 688 px column (absolutely placed: the heights stay the same)
-    return PAGE.format(code=code, diagram_px=diagram_px, spacer=1200, math_px=math_px)
+def page_html(code="short", diagram_px="9.0", math_px=600, hidden_ex=10):
+    # 300 + 100 + 20 + 200 + 100 + 80 = 800 px of content, 1200 px of spacer; the three
+    # equations sit in a 688 px column (absolutely placed: the heights stay the same),
+    # the third inside a closed <details>, as a solution's
+    return PAGE.format(
+        code=code, diagram_px=diagram_px, spacer=1200, math_px=math_px,
+        hidden_ex=hidden_ex,
+    )  # fmt: skip
 
 
 def loaded(browser, html):
@@ -57,16 +64,18 @@ def test_measure_reads_heights_shares_and_counts(browser):
     assert (m["diagrams"], m["animations"]) == (1, 1)
     assert m["min_text_px"] == pytest.approx(9.0)
     assert (m["wide_code"], m["wide_outputs"]) == (0, 0)
-    assert (m["math"], m["wide_math"]) == (2, 0)
+    assert (m["math"], m["wide_math"]) == (3, 0)
 
 
 def test_measure_finds_an_equation_wider_than_its_column(browser):
     m = measure(loaded(browser, page_html(math_px=700)))  # known-wrong: over 688 px
-    assert (m["math"], m["wide_math"], m["wide_math_px"]) == (2, 1, [700])
+    assert (m["math"], m["wide_math"], m["wide_math_px"]) == (3, 1, [700])
     assert bar_problems(m) and bar_problems(m)[-2] == (
         "wide_math 1 (700 px), expected <= 0"
     )
     assert measure(loaded(browser, page_html(math_px=688)))["wide_math"] == 0
+    hidden = measure(loaded(browser, page_html(hidden_ex=400)))  # in a closed solution
+    assert hidden["wide_math"] == 1 and hidden["wide_math_px"][0] > 688
 
 
 def test_measure_finds_code_that_scrolls_sideways(browser):
