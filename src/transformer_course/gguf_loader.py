@@ -3,7 +3,7 @@
 Read through the ``gguf`` package, as llama.cpp reads them (``llama_model::
 load_hparams`` and the "llama" architecture's tensors in ``src/llama-model.cpp``):
 
-- every metadata key is handled as ``GGUF_LLAMA_KEYS`` says (``interop.check_keys``:
+- every metadata key is handled as ``GGUF_LLAMA_KEYS`` says (``checkpoint_keys.check_keys``:
   read, one value accepted, or skipped for a stated reason; an unknown key is refused
   by name), with llama.cpp's defaults for the optional ones: ``rope.freq_base`` 10000,
   ``head_count_kv`` = ``head_count``, ``vocab_size`` = the token list's length,
@@ -29,23 +29,25 @@ from pathlib import Path
 
 import torch
 
-from transformer_course.interop import (
-    _LLAMA_SWITCHES,
+from transformer_course.checkpoint_keys import (
+    LLAMA_SWITCHES,
     MUST,
     READ,
     SKIP,
+    check_keys,
+)
+from transformer_course.interop import (
     _check_layout,
     _llama_names_of,
     _load_table,
     _refuse_unused,
-    check_keys,
 )
 from transformer_course.model import DecoderOnlyLM, TransformerConfig
 
 Tensor = torch.Tensor
 
 #: The metadata keys of a "llama" GGUF file and what the loader does with each
-#: (``interop``'s READ / MUST / SKIP); "prefix.*" covers a whole prefix.
+#: (``checkpoint_keys``' READ / MUST / SKIP); "prefix.*" covers a whole prefix.
 GGUF_LLAMA_KEYS = {
     "general.architecture": (MUST, "llama"),
     "general.*": (SKIP, "the file's description (name, license, file type)"),
@@ -231,7 +233,7 @@ def llama_config_from_gguf(reader) -> TransformerConfig:
         ff_bias="blk.0.ffn_up.bias" in names,
         tie_embeddings="output.weight" not in names,
         rope_layout="interleaved",
-        **_LLAMA_SWITCHES,
+        **LLAMA_SWITCHES,
     )
 
 

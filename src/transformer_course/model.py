@@ -66,7 +66,7 @@ class TransformerConfig:
 
     ``rope_freq_factors`` divide RoPE's frequencies, one factor a pair (llama.cpp's
     ``rope_freqs``; Hugging Face's ``rope_parameters`` of type "llama3" or "linear"
-    become such factors in ``interop.llama_config_from_hf``); stored as a tuple.
+    become such factors in ``checkpoint_keys.llama_config_from_hf``); a tuple.
     """
 
     src_vocab_size: int = 64  # source (encoder) vocabulary V_src

@@ -279,7 +279,7 @@ HF_READ_CHANGES = {
 
 
 def test_every_hf_key_is_read_skipped_or_refused_as_its_table_says():
-    from transformer_course.interop import HF_LLAMA_KEYS, MUST, READ, SKIP
+    from transformer_course.checkpoint_keys import HF_LLAMA_KEYS, MUST, READ, SKIP
 
     reads = {k for k, (kind, _) in HF_LLAMA_KEYS.items() if kind == READ}
     assert reads == set(HF_READ_CHANGES)  # a new key read gets a test here
@@ -339,7 +339,7 @@ def test_hf_config_refuses_rope_keys_its_type_does_not_read(rope, match):
 
 
 def test_llama3_factors_give_transformers_frequencies():
-    from transformer_course.interop import llama3_freq_factors
+    from transformer_course.checkpoint_keys import llama3_freq_factors
 
     ref = hf_llama(**LLAMA3)
     theirs = ref.model.rotary_emb.inv_freq.double()  # (d/2,)
