@@ -245,14 +245,14 @@ def load_gguf_llama(
 
     Raises: as ``interop.load_hf_llama``, with "interleaved" as the layout it needs;
     ValueError when the model's RoPE frequencies (``rope_base``,
-    ``rope_freq_factors``) or norm epsilon differ from the file's (build the model
-    from ``llama_config_from_gguf``), or for a tensor of the file the model has no
-    place for, each named.
+    ``rope_freq_factors``), norm epsilon or ``tie_embeddings`` differ from the file's
+    (build the model from ``llama_config_from_gguf``), or for a tensor of the file the
+    model has no place for, each named.
     """
     if check_layout:
         _check_layout(model, "gguf")
     theirs = llama_config_from_gguf(reader)
-    for field in ("rope_base", "rope_freq_factors", "layer_norm_eps"):
+    for field in ("rope_base", "rope_freq_factors", "layer_norm_eps", "tie_embeddings"):
         mine, stored = getattr(model.cfg, field), getattr(theirs, field)
         if not _close(mine, stored):
             raise ValueError(
@@ -266,8 +266,8 @@ def load_gguf_llama(
 
 
 def _close(a, b) -> bool:
-    if a is None or b is None:
-        return a is None and b is None
+    if a is None or b is None or isinstance(a, bool):
+        return a == b
     a, b = (a,) if isinstance(a, float) else a, (b,) if isinstance(b, float) else b
     return len(a) == len(b) and all(
         math.isclose(x, y, rel_tol=1e-6) for x, y in zip(a, b)

@@ -303,7 +303,8 @@ def load_hf_llama(
     Raises:
         KeyError / ValueError: a missing or mis-shaped tensor, named (``_load_table``).
         ValueError: a tensor of ``sd`` the model has no place for (a bias of a model
-            built without, ...), named; ``model.cfg.rope_layout`` is not "half"
+            built without, an output projection of its own for a model with tied
+            embeddings), named; ``model.cfg.rope_layout`` is not "half"
             (unless not ``check_layout``: chapter 10 shows what goes wrong).
     """
     if check_layout:
@@ -311,6 +312,13 @@ def load_hf_llama(
     names = _llama_names_of(model, "hf")
     # rotary_emb.inv_freq: the frequencies old transformers saved; recomputed, as theirs
     _refuse_unused(names, sd.keys(), "sd", skip=("rotary_emb.inv_freq",))
+    head, embed = sd.get("lm_head.weight"), sd.get("model.embed_tokens.weight")
+    tied_here = head is None or (embed is not None and torch.equal(head, embed))
+    if model.cfg.tie_embeddings and not tied_here:
+        raise ValueError(
+            "sd: 'lm_head.weight' differs from 'model.embed_tokens.weight', the model "
+            "ties them (build it with tie_embeddings=False)"
+        )
     return _load_table(model, names, sd.get, "sd")
 
 

@@ -658,3 +658,25 @@ def test_every_gguf_key_is_read_skipped_or_refused_as_its_table_says(tmp_path):
             assert (cfg != base) == (outcome == "read"), key
     with pytest.raises(ValueError, match="'llama.attention.clamp_kqv'"):
         llama_config_from_gguf(changed("llama.attention.clamp_kqv", 8.0))  # unknown
+
+
+def test_a_tied_model_refuses_a_checkpoint_with_an_output_projection_of_its_own(
+    tmp_path,
+):
+    from dataclasses import replace
+
+    from transformer_course.gguf_loader import llama_config_from_gguf, load_gguf_llama
+
+    ref = hf_llama(tie_word_embeddings=False)
+    tied = replace(llama_config_from_hf(ref.config), tie_embeddings=True)
+    with pytest.raises(ValueError, match="'lm_head.weight' differs"):
+        load_hf_llama(DecoderOnlyLM(tied), ref.state_dict())
+    reader = write_gguf(tmp_path / "a.gguf", ref)
+    cfg = llama_config_from_gguf(reader)
+    with pytest.raises(ValueError, match="tie_embeddings"):
+        load_gguf_llama(DecoderOnlyLM(replace(cfg, tie_embeddings=True)), reader)
+    tied_ref = hf_llama()  # known right: a tied checkpoint (lm_head is the embedding)
+    assert "lm_head.weight" in tied_ref.state_dict()
+    load_hf_llama(
+        DecoderOnlyLM(llama_config_from_hf(tied_ref.config)), tied_ref.state_dict()
+    )
