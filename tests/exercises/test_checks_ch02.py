@@ -110,3 +110,19 @@ def test_one_maximum_for_the_whole_tensor_is_rejected():
     with pytest.raises(CheckError, match="the whole tensor's") as err:
         check_stable_softmax.strict(P.softmax_global_max)
     assert "amax(dim, keepdim=True)" in err.value.hint
+
+
+def test_a_scale_of_sqrt_d_v_is_named():
+    """Finding 5: generic in the trial (the (B, T, H, d) exercise, d_v != d_k)."""
+    from transformer_course.exercises import check_attention_bthd
+
+    def bthd_sqrt_dv(q, k, v, key_padding_mask=None):
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(v.shape[-1])
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(~key_padding_mask[:, None, None], -math.inf)
+        w = torch.softmax(scores, -1).nan_to_num(0.0)
+        return (w @ v).transpose(1, 2), w
+
+    with pytest.raises(CheckError, match=r"sqrt\(d_v\)"):
+        check_attention_bthd.strict(bthd_sqrt_dv)

@@ -99,3 +99,43 @@ def test_the_librarys_multi_head_attention_is_refused(capsys):
     assert exercises.check_multi_head_attention(library) is False
     printed = capsys.readouterr().out
     assert "transformer_course.attention.MultiHeadAttention" in printed
+
+
+def _mha_with(merge=None, use_mask=True):
+    import torch
+
+    def fn(query, key, value, w_q, w_k, w_v, w_o, n_heads, mask=None):
+        q, k, v = (
+            split_ok(x @ w.T, n_heads)
+            for x, w in ((query, w_q), (key, w_k), (value, w_v))
+        )
+        scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+        if use_mask and mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, -1)
+        merged = (merge or merge_ok)(weights @ v)
+        return merged @ w_o.T, weights
+
+    return fn
+
+
+@param(
+    "fn, words",
+    [
+        (_mha_with(use_mask=False), "the mask had no effect"),
+        (
+            _mha_with(
+                merge=lambda h: h.permute(0, 2, 3, 1).reshape(
+                    h.shape[0], h.shape[2], -1
+                )
+            ),
+            "feature by feature",
+        ),
+    ],
+    ids=["mask-ignored", "feature-major-merge"],
+)
+def test_the_2026_12_03_generic_multi_head_answers_are_named(fn, words):
+    from transformer_course import exercises
+
+    with pytest.raises(exercises.CheckError, match=words):
+        exercises.check_multi_head_attention.strict(fn)

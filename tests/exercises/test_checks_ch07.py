@@ -393,3 +393,53 @@ def test_the_int8_group_answers_of_the_2026_12_03_trial_are_named(wrong, message
     the fifth, is named by the codes that wrap around, tested above)."""
     with pytest.raises(CheckError, match=message):
         check_quantize_int8.strict(wrong)
+
+
+def _streaming_variant(
+    *,
+    on_empty="skip",
+    masked_score=-math.inf,
+    zero_values=False,
+    drop_last=False,
+    nan_at_end=False,
+):
+    """The chapter's streaming solution with one of the trial's changes."""
+
+    def fn(q, k, v, keep, block):
+        m, l, acc = -math.inf, 0.0, torch.zeros(v.shape[-1])
+        s = k @ q / math.sqrt(q.shape[-1])
+        if not zero_values:
+            s = s.masked_fill(~keep, masked_score)
+        vals = v * keep[:, None] if zero_values else v
+        stop = len(s) - len(s) % block if drop_last else len(s)
+        for j in range(0, stop, block):
+            if on_empty == "break" and not keep[j : j + block].any():
+                break
+            m_new = max(m, s[j : j + block].max().item())
+            shift = m_new if (m_new > -math.inf or nan_at_end) else 0.0
+            p = torch.exp(s[j : j + block] - shift)
+            alpha = math.exp(m - shift) if not math.isnan(m - shift) else math.nan
+            l = l * alpha + p.sum().item()
+            acc = acc * alpha + p @ vals[j : j + block]
+            m = m_new
+        out = acc / l if l > 0 else acc
+        return torch.nan_to_num(out, nan=0.0) if nan_at_end else out
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (_streaming_variant(on_empty="break"), r"break instead of skipping it\)"),
+        (_streaming_variant(masked_score=0.0), "set to 0, not -inf"),
+        (_streaming_variant(zero_values=True), "values were zeroed"),
+        (_streaming_variant(drop_last=True), "last, shorter block"),
+        (_streaming_variant(nan_at_end=True), "replaced only at the end"),
+    ],
+    ids=["break", "scores-0", "values-0", "last-block", "nan-at-end"],
+)
+def test_the_streaming_answers_of_the_2026_12_03_trial_are_named(wrong, message):
+    """Finding 5: all five got a generic message."""
+    with pytest.raises(CheckError, match=message):
+        check_streaming_attention.strict(wrong)

@@ -219,3 +219,18 @@ def test_a_clamped_teacher_is_named_as_another_teacher(capsys):
     printed = capsys.readouterr().out
     assert "large logits were clamped" in printed and "Hint: " in printed, printed
     assert "must add nothing" not in printed
+
+
+def test_a_teacher_log_p_without_the_temperature_is_named():
+    """Learner trial 2026-12-03, finding 5: generic in the trial."""
+
+    def half_softened(s, t, T):
+        p = torch.softmax(t / T, -1)
+        return (
+            T
+            * T
+            * (p * (F.log_softmax(t, -1) - F.log_softmax(s / T, -1))).sum(-1).mean()
+        )
+
+    with pytest.raises(CheckError, match="its log p is not"):
+        check_soft_target_loss.strict(half_softened)

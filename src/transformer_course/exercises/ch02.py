@@ -233,6 +233,18 @@ def _diagnose_attention(fn, q, k, v, w, ref_w, mask=None):
             "every key gets the same weight 1/S: the scores do not depend on q and k",
             "the weights come from softmax of the scaled scores q k^T.",
         )
+    d_v = v.shape[-1]
+    if d_v != q.shape[-1]:
+        scores = (q @ k.transpose(-2, -1) / math.sqrt(d_v)).masked_fill(
+            torch.zeros((), dtype=torch.bool) if mask is None else ~mask, -math.inf
+        )
+        if close(w, torch.softmax(scores, -1).nan_to_num(0.0)) and not close(w, ref_w):
+            fail(
+                "your scores are divided by sqrt(d_v), the size of a value, not by "
+                "sqrt(d_k)",
+                "the scale comes from the vectors that are multiplied: queries and "
+                "keys.",
+            )
     for wrong, message, hint in (
         (
             pitfalls.attention_unscaled,

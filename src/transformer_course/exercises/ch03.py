@@ -329,6 +329,26 @@ def check_multi_head_attention(fn: Callable[..., tuple[Tensor, Tensor]]) -> bool
                 kind=ShapeError,
             )
         check_shape(weights, (b, h, t, s), "weights")
+        if masked and not close(weights, ref_w):
+            with torch.no_grad():
+                open_out, open_w = ref(x, mem, mem)
+            if close(weights, open_w) and close(out, open_out):
+                fail(
+                    "the mask had no effect: the padded keys of the last item still "
+                    "get weight",
+                    "set the scores to -inf where the mask is False, before the "
+                    "softmax (True = may attend).",
+                )
+        if close(weights, ref_w) and not close(out, ref_out):
+            vh = (mem @ ws[2].T).view(b, s, h, d // h).transpose(1, 2)
+            heads = ref_w @ vh  # (B, H, T, d_k)
+            if close(out, heads.permute(0, 2, 3, 1).reshape(b, t, d) @ ws[3].T):
+                fail(
+                    "the weights are right, but each token's merged features run "
+                    "feature by feature, (d_k, H), not head by head, (H, d_k)",
+                    "token t must read [head 0 of t | head 1 of t | ...]: transpose "
+                    "to (B, T, H, d_k) before the reshape.",
+                )
         if not (close(weights, ref_w) and close(out, ref_out)):
             for wrong, message, hint in _MHA_MISTAKES:
                 w_out, w_w = wrong(x, mem, mem, *ws, h, mask)

@@ -263,6 +263,77 @@ def _name_streaming_mistake(out, q, k, v, keep, block, pattern) -> None:
             "your output is softmax(k q) v: the scores miss the 1/sqrt(d) scale",
             "the buggy code scales the scores; keep that line as it is.",
         )
+    if keep.any() and close(out, torch.zeros_like(out)):
+        fail(
+            "the output is zeros for keep = {keep} with block = {block}, which keeps "
+            "some keys: the loop stopped at a block with no kept key (break instead "
+            "of skipping it), or that block's NaN reached the output and was "
+            "replaced only at the end",
+            "a block with no kept key adds nothing: skip it (continue), or guard "
+            "its shift inside the loop, so the later blocks still count.",
+            keep=pattern,
+            block=block,
+        )
+    whole = s - s % block
+    dropped = bool(s % block) and keep[:whole].any()
+    dropped = dropped and close(out, _attend(q, k[:whole], v[:whole], keep[:whole]))
+    empty = [j for j in range(0, s, block) if not keep[j : j + block].any()]
+    stopped = bool(empty) and keep[: empty[0]].any()
+    if stopped:
+        before = keep.clone()
+        before[empty[0] :] = False  # the keys a loop that breaks there has seen
+        stopped = close(out, _attend(q, k, v, before))
+    if stopped and dropped:
+        fail(
+            "your output attends only to the keys before position {at} (keep = "
+            "{keep}, block = {block}): the loop stopped at a block with no kept key "
+            "(break instead of skipping it), or it dropped the last, shorter block",
+            "skip a block with no kept key (continue), and let range(0, S, block) "
+            "reach the last, shorter block.",
+            at=empty[0],
+            keep=pattern,
+            block=block,
+        )
+    if stopped:
+        fail(
+            "your output attends only to the keys before position {at} (keep = "
+            "{keep}, block = {block}): the loop stopped at the first block with "
+            "no kept key (break instead of skipping it)",
+            "a block with no kept key adds nothing: skip it (continue), so the "
+            "later blocks still count.",
+            at=empty[0],
+            keep=pattern,
+            block=block,
+        )
+    if dropped:
+        fail(
+            "the last {rest} key(s) are missing: with S = {s} and block = {block} the "
+            "last block is shorter, and your loop drops it",
+            "range(0, S, block) reaches the last, shorter block; slicing "
+            "[j : j + block] stops at S by itself.",
+            rest=s % block,
+            s=s,
+            block=block,
+        )
+    scores = k @ q / math.sqrt(d)
+    if not keep.all():
+        zeroed = torch.softmax(scores.masked_fill(~keep, 0.0), 0) @ v
+        if close(out, zeroed):
+            fail(
+                "the masked scores were set to 0, not -inf (keep = {keep}): exp(0 - m) "
+                "is not 0, so masked keys still get weight",
+                "a masked key's score must be -inf, the one value whose exp is 0.",
+                keep=pattern,
+            )
+        if close(out, torch.softmax(scores, 0) @ (v * keep[:, None])):
+            fail(
+                "the masked keys' values were zeroed, but their scores still count in "
+                "the softmax's sum l (keep = {keep}), so the kept keys' weights sum "
+                "to less than 1",
+                "mask the scores (-inf) before the running maximum and sum, not the "
+                "values.",
+                keep=pattern,
+            )
     per_block = [
         torch.softmax(k[j : j + block] @ q / math.sqrt(d), 0) @ v[j : j + block]
         for j in range(0, s, block)

@@ -299,6 +299,19 @@ def check_soft_target_loss(fn: Callable[[Tensor, Tensor, float], Tensor]) -> boo
                 N_("both distributions are taken at the same temperature."),
             ),
             (
+                T
+                * T
+                * (p_t * (torch.log_softmax(t.double(), -1) - log_q))
+                .sum(-1)
+                .mean()
+                .item(),
+                N_(
+                    "the teacher's p is softened but its log p is not: "
+                    "log_softmax(t) without / T"
+                ),
+                N_("both p and log p of the teacher are taken at temperature T."),
+            ),
+            (
                 want + T * T * entropy,
                 N_(
                     "that is the cross-entropy: it includes the teacher's entropy, which "
