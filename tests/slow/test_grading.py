@@ -359,7 +359,8 @@ class _Listener:
 
 def _working_tree_copy(dest: Path) -> Path:
     """A copy of the working tree as a fresh clone has it (tracked and untracked files
-    that git does not ignore), with this checkout's environment (.venv) linked in."""
+    that git does not ignore, and the history: .git linked, read only by `git rev-parse`
+    for the commit the assignments pin), with this checkout's environment (.venv)."""
     files = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         cwd=ROOT,
@@ -372,6 +373,7 @@ def _working_tree_copy(dest: Path) -> Path:
             (dest / os.fsdecode(name)).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / os.fsdecode(name))
     (dest / ".venv").symlink_to(ROOT / ".venv")
+    (dest / ".git").symlink_to(ROOT / ".git")  # a clone's history: the commit it pins
     # the environment is made: make must not install into it again (it is this one)
     stamp = (ROOT / ".venv" / ".installed").stat().st_mtime
     for name in ("requirements.txt", "pyproject.toml"):

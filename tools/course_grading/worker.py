@@ -39,6 +39,10 @@ _SYSTEM = tuple(
 )
 
 
+def _system(path: str) -> bool:
+    return (path.rstrip("/") + "/").startswith(_SYSTEM)
+
+
 def _attempt(what: str) -> None:
     if what not in ATTEMPTS and len(ATTEMPTS) < 30:
         ATTEMPTS.append(what[:300])
@@ -61,7 +65,7 @@ def _audit(event: str, args: tuple) -> None:
                     _attempt(f"write {full} (outside its folder: read-only)")
             elif (
                 path.startswith("/")
-                and not full.startswith(_SYSTEM)
+                and not _system(full)
                 and not full.endswith(".pyc")
                 and not os.path.exists(full)
             ):
@@ -70,7 +74,11 @@ def _audit(event: str, args: tuple) -> None:
                 _attempt(f"read {full}")
         elif event in ("os.listdir", "os.scandir", "glob.glob") and args:
             path = os.fsdecode(args[0]) if isinstance(args[0], (str, bytes)) else ""
-            if path.startswith("/") and not os.path.exists(path.split("*")[0] or "/"):
+            if (
+                path.startswith("/")
+                and not _system(path)
+                and not os.path.exists(path.split("*")[0] or "/")
+            ):
                 _attempt(f"list {path} (not in the sandbox)")
         elif event in ("socket.connect", "socket.sendto", "socket.bind"):
             _attempt(f"{event.split('.')[1]} {args[-1]!r} (no network in the sandbox)")
