@@ -142,7 +142,7 @@ TRIAL = [
     (check_patchify, lambda x, p: x.reshape(x.shape[0], -1, p * p), "shape"),
     (check_patchify, _column_major, "wrong order"),
     (check_patchify, _channels_last, "channels last"),
-    (check_patchify, _pixels_transposed, "differ from the squares"),
+    (check_patchify, _pixels_transposed, "(C, p_w, p_h)"),  # generic until 2026-12-03
     (check_patchify, _rows_split_the_other_way, "differ from the squares"),
     (check_patchify, lambda x, p: _patches(x.transpose(2, 3), p), "transposed image"),
     (check_patchify, _patch_loop, "it loops"),
@@ -230,3 +230,30 @@ def test_the_detached_scale_really_gets_no_gradient():
         log_scale = torch.tensor(1.0, requires_grad=True)
         loss = fn(img, txt, log_scale)
         assert loss.requires_grad is has_grad
+
+
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (
+            lambda x, p: (
+                _patches(x, p)
+                .reshape(x.shape[0], -1, x.shape[1], p, p)
+                .transpose(-2, -1)
+                .flatten(2)
+            ),
+            "(C, p_w, p_h)",
+        ),
+        (
+            lambda x, p: _patches(x[:, :1].expand_as(x).contiguous(), p),
+            "channel 0 was repeated",
+        ),
+    ],
+    ids=["columns-first", "first-channel"],
+)
+def test_the_patchify_answers_of_the_2026_12_03_trial_are_named(wrong, message):
+    """Finding 5: both got "the patches differ from the squares of the image"."""
+    with pytest.raises(
+        CheckError, match=message.replace("(", r"\(").replace(")", r"\)")
+    ):
+        check_patchify.strict(wrong)

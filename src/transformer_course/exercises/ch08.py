@@ -100,6 +100,23 @@ def check_patchify(fn: Callable[[Tensor, int], Tensor]) -> bool:
             "width axes were swapped",
             "images are (B, C, H, W): the first spatial axis is the rows.",
         )
+    per_patch = want.reshape(2, 6, 3, 4, 4)  # (B, N, C, p_h, p_w)
+    if torch.equal(got, per_patch.transpose(-2, -1).reshape(2, 6, 48)):
+        fail(
+            "the right squares in the right order, but each patch is flattened "
+            "(C, p_w, p_h): within a channel, column by column",
+            "flatten each channel of a patch row by row, (C, p_h, p_w), as the "
+            "Conv2d weight is laid out.",
+        )
+    if torch.equal(
+        got, per_patch[:, :, :1].expand(-1, -1, 3, -1, -1).reshape(2, 6, 48)
+    ):
+        fail(
+            "every channel of a patch holds the first channel's pixels: the "
+            "channels were not taken from the image, channel 0 was repeated",
+            "each of the C channels contributes its own p x p pixels: "
+            "images[:, c] for every c.",
+        )
     same_set = all(any(torch.equal(a, b) for b in want[0]) for a in got[0])
     if same_set:
         fail(

@@ -48,8 +48,10 @@ def check_rms_norm(fn: Callable[[Tensor, Tensor, float], Tensor]) -> bool:
 
     Raises:
         CheckError: a wrong shape (``ShapeError``), the mean subtracted (LayerNorm), eps
-            added outside the square root, the gain left out, another axis, or any
-            other difference.
+            added outside the square root or left out, the gain left out, the mean of
+            x or the sum of squares in place of the mean of squares, no square root,
+            another axis, a call to the library's ``RMSNorm``, or any other
+            difference (token 0's values).
     """
     gen = torch.Generator().manual_seed(10)
     x = torch.randn(3, 4, 6, generator=gen) * 3 + 2  # a mean far from 0 shows LayerNorm
@@ -131,7 +133,9 @@ def check_swiglu(fn: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]) -> bool
 
     Raises:
         CheckError: a wrong shape, the gate and up projections swapped, a sigmoid
-            instead of SiLU (plain GLU), no gate at all, or any other difference.
+            instead of SiLU (plain GLU), GELU (GeGLU), SiLU on both projections or
+            after the product, a sum instead of the product, no gate at all, a call
+            to the library's ``SwiGLU``, or any other difference.
     """
     gen = torch.Generator().manual_seed(11)
     D, d_ff = 5, 7
@@ -219,8 +223,11 @@ def check_gqa_cache_bytes(fn: Callable[[int, int, int, int, int, int], int]) -> 
     n_tokens tokens: keys and values, of the n_kv_heads heads, in every layer.
 
     Raises:
-        CheckError: a result that is not an int, the query heads counted, keys or
-            values left out, or any other difference.
+        CheckError: a result that is not an int, the query heads counted (also as
+            n_heads * n_kv_heads), the group size n_heads // n_kv_heads for the KV
+            heads, keys or values left out, n_tokens left out or off by one, bits for
+            bytes, a call to the library's ``kv_cache_bytes_per_token``, or any other
+            difference.
     """
     for L, H, H_kv, d_k, nbytes, n in _GQA_CASES:
         want = 2 * L * H_kv * d_k * nbytes * n
@@ -339,7 +346,9 @@ def check_unpermute_rows(fn: Callable[[Tensor, int], Tensor]) -> bool:
 
     Raises:
         CheckError: a wrong shape, the rows unchanged, the permutation applied again
-            instead of undone, the heads ignored, or any other difference.
+            instead of undone, the heads ignored, the two halves of a head swapped,
+            the head offset forgotten, a call to the library's
+            ``permute_rotary_rows``, or any other difference.
     """
     gen = torch.Generator().manual_seed(12)
     n_heads, d_k, D = 3, 8, 5
