@@ -322,6 +322,16 @@ def _digest(folder: Path) -> dict[str, str]:
     }
 
 
+def _pwned(folder: Path) -> list[str]:
+    """The library's files that hold what overwrite_library appends (the checkout is
+    shared: other edits of the library while grading are no attack)."""
+    return [
+        str(p)
+        for p in sorted(folder.rglob("*.py"))
+        if 'SystemExit("pwned")' in p.read_text(encoding="utf-8", errors="replace")
+    ]
+
+
 def _temp_folders(folder: Path) -> set[str]:
     """What is in the graded run's own temporary folder (its TMPDIR)."""
     return {p.name for p in folder.iterdir()}
@@ -466,7 +476,7 @@ def graded(built, tmp_path_factory):
     (subs / "notes.txt").write_text("not a submission")
     before = {
         "subs": _digest(subs),
-        "library": _digest(LIBRARY),
+        "library": _pwned(LIBRARY),
         "temp": _temp_folders(own_tmp),
         "home": set(os.listdir(Path.home())),
     }
@@ -520,7 +530,7 @@ def graded(built, tmp_path_factory):
     results = {r["student"]: r for r in everything["results"]}
     after = {
         "subs": _digest(subs),
-        "library": _digest(LIBRARY),
+        "library": _pwned(LIBRARY),
         "temp": _temp_folders(own_tmp),
         "home": set(os.listdir(Path.home())),
     }
@@ -875,7 +885,7 @@ def test_sandbox_attack_changes_nothing_and_is_flagged(graded, attack):
     assert graded["grades"][student]["sandbox"] == "bwrap"
     # nothing outside its own folder changed; the honest submissions keep full marks
     assert graded["after"]["subs"] == graded["before"]["subs"]
-    assert graded["after"]["library"] == graded["before"]["library"]
+    assert graded["after"]["library"] == graded["before"]["library"] == []
     assert not (Path.home() / "pwned-by-a-student.txt").exists()
     assert graded["listener"].accepted == []
     assert "\nforged,row" not in graded["grades_text"] and graded["stray"] == []

@@ -150,7 +150,8 @@ def feedback(result: dict, spec: dict) -> str:
     if errors:
         lines += [w["raised"], ""]
         lines += [
-            f"- code cell {e['cell']}: {capped(e['type'], 60)}: {capped(e['message'])}"
+            f"- code cell {e['cell']}: {capped(e['type'], 60)}: "
+            + capped(e["message"]).replace("\n", " / ")
             for e in errors[:20]
         ]
         lines += [""]
