@@ -139,3 +139,12 @@ def test_the_2026_12_03_generic_multi_head_answers_are_named(fn, words):
 
     with pytest.raises(exercises.CheckError, match=words):
         exercises.check_multi_head_attention.strict(fn)
+
+
+def test_x_at_w_in_the_input_projections_only_is_named():
+    """Learner trial 2026-12-03, finding 5: `x @ w` without `.T` (output projection
+    right) got a generic message."""
+    from transformer_course import exercises
+
+    with pytest.raises(exercises.CheckError, match="q, k and v projections"):
+        exercises.check_multi_head_attention.strict(pitfalls.multi_head_x_at_w_inputs)

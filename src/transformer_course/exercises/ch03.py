@@ -248,6 +248,17 @@ _MHA_MISTAKES = (
         ),
     ),
     (
+        pitfalls.multi_head_x_at_w_inputs,
+        N_(
+            "your q, k and v projections compute x @ w (the output projection is "
+            "right); the weights are stored (out, in), as in nn.Linear"
+        ),
+        N_(
+            "the paper writes Q W^Q with W^Q of shape (in, out); here you hold its "
+            "transpose."
+        ),
+    ),
+    (
         pitfalls.multi_head_split_view_only,
         N_(
             "the heads were split with view(B, H, T, d_k): each head sees features of "

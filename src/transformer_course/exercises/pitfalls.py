@@ -257,6 +257,24 @@ def multi_head_x_at_w(*args, **kwargs):
     return _multi_head(*args, **kwargs, proj=lambda x, w: x @ w)
 
 
+def multi_head_x_at_w_inputs(query, key, value, w_q, w_k, w_v, w_o, n_heads, mask=None):
+    """x @ w for the q, k, v projections only; the output projection right (w_o.T)."""
+    out, weights = _multi_head(
+        query,
+        key,
+        value,
+        w_q,
+        w_k,
+        w_v,
+        w_o,
+        n_heads,
+        mask,
+        proj=lambda x, w: x @ w,
+        out_proj=False,
+    )
+    return out @ w_o.T, weights
+
+
 def multi_head_split_view_only(*args, **kwargs):
     """Heads split with view(B, H, T, d_k) (P8)."""
     return _multi_head(*args, **kwargs, split=split_heads_view_only)
