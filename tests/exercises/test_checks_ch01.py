@@ -404,3 +404,16 @@ def test_each_mistake_of_the_2026_12_03_trial_gets_its_own_message(
 def test_the_soft_lookups_generic_answers_are_named(wrong, message):
     with pytest.raises(CheckError, match=message):
         check_soft_lookup.strict(wrong)
+
+
+def test_out_from_the_unmasked_weights_is_named():
+    """Learner trial 2026-12-03, finding 5: generic in the trial."""
+
+    def unmasked_out(q, k, v, valid):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        out = torch.softmax(scores, -1) @ v
+        weights = torch.softmax(scores.masked_fill(~valid[:, None, :], -math.inf), -1)
+        return out, weights
+
+    with pytest.raises(CheckError, match="before the missing keys were hidden"):
+        check_dot_product_attention.strict(unmasked_out, with_valid=True)

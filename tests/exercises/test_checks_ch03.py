@@ -148,3 +148,16 @@ def test_x_at_w_in_the_input_projections_only_is_named():
 
     with pytest.raises(exercises.CheckError, match="q, k and v projections"):
         exercises.check_multi_head_attention.strict(pitfalls.multi_head_x_at_w_inputs)
+
+
+def test_a_feature_major_merge_of_folded_heads_is_named():
+    """Learner trial 2026-12-03, finding 5: generic in the trial."""
+    from transformer_course import exercises
+
+    def feature_major(heads, n_heads):
+        bh, t, dk = heads.shape
+        b = bh // n_heads
+        return heads.view(b, n_heads, t, dk).permute(0, 2, 3, 1).reshape(b, t, -1)
+
+    with pytest.raises(exercises.CheckError, match="feature by feature"):
+        exercises.check_merge_folded_heads.strict(feature_major)

@@ -251,6 +251,13 @@ def _check_valid_keys(fn: Callable, gen: torch.Generator) -> None:
     _diagnose_order_and_axis(out, weights, (3, 2, 5, 4), valid)
     ref_out, ref_w = scaled_dot_product_attention(q, k, v, valid[:, None, :])
     if close(weights, ref_w):
+        plain_w = scaled_dot_product_attention(q, k, v)[1]
+        if close(out, plain_w @ v) and not close(out, ref_out):
+            fail(
+                "the weights are right, but out was computed from the weights before "
+                "the missing keys were hidden: their values are still mixed in",
+                "out = weights @ v with the masked weights you return.",
+            )
         check_close(out, ref_out, atol=1e-5, name="out")
         return
     plain = scaled_dot_product_attention(q, k, v)[1]

@@ -224,6 +224,15 @@ def check_merge_folded_heads(fn: Callable[[Tensor, int], Tensor]) -> bool:
                 "row b * H + h holds head h of item b: the batch index is the "
                 "slower one.",
             )
+        if torch.equal(
+            merged, folded.view(b, h, t, dk).permute(0, 2, 3, 1).reshape(b, t, d)
+        ):
+            fail(
+                "each token's features run feature by feature, (d_k, H), instead of "
+                "head by head, (H, d_k): heads and head_dim were swapped in the merge",
+                "token t must read [head 0 of t | head 1 of t | ...]: (B, T, H, d_k) "
+                "before the reshape.",
+            )
         if torch.equal(merged, folded.reshape(b, t, d)):
             fail(
                 "token 0 holds one head's tokens 0, 1, ...: (B * H, T, d_k) was "
