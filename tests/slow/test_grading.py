@@ -19,6 +19,7 @@ import csv
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -367,6 +368,29 @@ class _Listener:
                 return
 
 
+def _head() -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "HEAD"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
+def _commits_since(commit: str) -> set[str]:
+    """``commit`` and the commits made on top of it since (other helpers commit into a
+    shared checkout while a test runs; on CI this is ``{commit}``)."""
+    later = subprocess.run(
+        ["git", "rev-list", "--ancestry-path", f"{commit}..HEAD"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return {commit, *later}
+
+
 def _working_tree_copy(dest: Path) -> Path:
     """A copy of the working tree as a fresh clone has it (tracked and untracked files
     that git does not ignore, and the history: .git linked, read only by `git rev-parse`
@@ -398,6 +422,7 @@ def built(tmp_path_factory):
     stops at the first cell that raises), in a copy of the working tree."""
     clone = _working_tree_copy(tmp_path_factory.mktemp("clone"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+    head = _head()
     start = time.perf_counter()
     done = subprocess.run(
         ["make", "assignments"],
@@ -410,6 +435,9 @@ def built(tmp_path_factory):
     )
     return {
         "clone": clone,
+        "heads": _commits_since(
+            head
+        ),  # what the build may pin (the checkout is shared)
         "dist": clone / "dist" / "assignments",
         "done": done,
         "seconds": time.perf_counter() - start,
@@ -424,13 +452,6 @@ def graded(built, tmp_path_factory):
     subs.mkdir()
     own_tmp = base / "tmp"  # the graded run's TMPDIR: its temporary folders go here
     own_tmp.mkdir()
-    head = subprocess.run(
-        ["git", "rev-parse", "HEAD"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
     assign_s = built["seconds"]
     listener = _Listener()
     # files of the instructor's outside every folder the grader is told of: an earlier
@@ -539,7 +560,7 @@ def graded(built, tmp_path_factory):
         "dist": dist,
         "out": out,
         "subs": subs,
-        "head": head,
+        "heads": built["heads"],
         "kinds": kinds,
         "grades": read("grades.csv"),
         "otter": read("otter_grades.csv"),
@@ -765,12 +786,14 @@ def test_instructor_copies_are_named_apart_from_the_handout(graded):
 
 
 def test_gradescope_environment_is_pinned_to_the_commit_and_python(graded):
-    head = graded["head"]  # the commit when the assignments were built
+    pinned = set()
     for chapter in CHAPTERS:
         (zip_path,) = (graded["dist"] / chapter / "autograder").glob("*.zip")
         env = zipfile.ZipFile(zip_path).read("environment.yml").decode()
         assert f"python={sys.version_info.major}.{sys.version_info.minor}" in env, env
-        assert f"@{head}" in env, env  # the library as it was when this was built
+        pinned |= set(re.findall(r"transformer_course @ git\+\S+@([0-9a-f]{40})", env))
+    # the library as it was when this was built: one commit, the one checked out then
+    assert len(pinned) == 1 and pinned <= graded["heads"], (pinned, graded["heads"])
 
 
 def test_public_tests_assert_the_self_check_like_the_hidden_ones(graded):

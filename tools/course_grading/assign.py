@@ -528,13 +528,15 @@ def master_notebook(
     exercises: list[Exercise],
     points: dict[str, float],
     language: str = "en",
+    branch: str | None = None,
 ) -> nbformat.NotebookNode:
     """The otter master notebook of one chapter (``path``: book/NN_*.md, or
     book/zh/NN_*.md with ``language="zh"``). Raises ``HandoutError`` (see
     ``handout_setup``)."""
     url, _ = repository()
     words = WORDS[language]
-    branch = commit()  # the library exactly as it was when the assignment was built
+    # the library exactly as it was when the assignment was built
+    branch = branch or commit()
     title = path.read_text(encoding="utf-8").split("\n# ", 1)[1].split("\n", 1)[0]
     requirements = [
         "otter-grader==7.0.0",
@@ -651,6 +653,7 @@ def _build(
     out: Path,
     language: str,
     run_tests: bool,
+    branch: str,
 ) -> str:
     """Build one chapter's assignment into the folder ``out`` (made here); returns ""
     or why it failed (otter's last output lines included)."""
@@ -658,7 +661,9 @@ def _build(
     master = out / "master" / f"{path.stem}.ipynb"
     master.parent.mkdir()
     try:
-        nbformat.write(master_notebook(path, exercises, points, language), master)
+        nbformat.write(
+            master_notebook(path, exercises, points, language, branch), master
+        )
     except HandoutError as err:
         return str(err)
     cmd = [sys.executable, "-m", "otter", "assign", "--no-pdfs", str(master), str(out)]
@@ -723,6 +728,7 @@ def assign(args: argparse.Namespace) -> int:
     _unknown("--only", args.only or [], labels)
     _unknown("--points", points, labels)
     out_root = Path(args.out or default_out(edition)).resolve()
+    pinned = commit()  # one commit for every chapter of this build
     built, failed = [], []
     for path, exercises in found.items():
         if args.only:
@@ -734,7 +740,9 @@ def assign(args: argparse.Namespace) -> int:
         for old in (staging, out):
             shutil.rmtree(old, ignore_errors=True)
         start = time.perf_counter()
-        why = _build(path, exercises, points, staging, edition, not args.no_run_tests)
+        why = _build(
+            path, exercises, points, staging, edition, not args.no_run_tests, pinned
+        )
         if why:
             shutil.rmtree(staging, ignore_errors=True)
             print(f"{path.stem}: NOT BUILT: {why}", file=sys.stderr)
