@@ -282,6 +282,7 @@ def test_the_language_switch_leads_there_and_back_under_the_subpath(site, served
     assert switched >= 10, f"only {switched} English pages have a language switch"
 
 
+REDIRECT = re.compile(r'\s*<meta http-equiv="Refresh" content="0; url=[^"]+" />\s*$')
 FOOTER = re.compile(
     r'<div class="extra_footer">\s*<p class="license-footer">(.*?)</p>', re.DOTALL
 )
@@ -308,7 +309,9 @@ def test_every_page_states_the_licenses_in_its_footer(site):
     pages = [p for p in html_pages(site) if p.startswith(("book/", "zh/"))]
     problems = []
     for page in pages:
-        problems += footer_problems(page, (site / page).read_text(encoding="utf-8"))
+        html = (site / page).read_text(encoding="utf-8")
+        if not REDIRECT.match(html):  # zh/index.html only sends the reader on
+            problems += footer_problems(page, html)
     assert pages and not problems, problems[:10]
 
 
