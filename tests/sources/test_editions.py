@@ -254,10 +254,16 @@ def test_sphinx_starts_the_pages_longest_first(tmp_path, monkeypatch):
     longest = ["b", "e", "c", "f", "a", "d"]
     assert build_book.longest_first(list(times)) == longest
     chunks = build_book.one_page_per_chunk(list(times), 2)
-    assert _start_order(tmp_path, chunks) == longest
+    # two processes start pages two at a time; within a pair, the order is the order in
+    # which the two before them happened to finish (a busy machine swaps them)
+    assert _in_pairs(_start_order(tmp_path, chunks)) == _in_pairs(longest)
     # known wrong: handed over longest first, Sphinx starts the rest shortest first
     naive = [[page] for page in longest]
-    assert _start_order(tmp_path, naive) == ["b", "e", "d", "a", "f", "c"]
+    assert _in_pairs(_start_order(tmp_path, naive)) == _in_pairs("bedafc")
+
+
+def _in_pairs(order) -> list[set[str]]:
+    return [set(order[i : i + 2]) for i in range(0, len(order), 2)]
 
 
 # -- the Chinese edition's search and its pages in Chinese (book/_ext/zh_edition.py) -----
