@@ -143,14 +143,7 @@ def tier_of(path: Path) -> str | None:
 
 # Known failures, found by the last full run and not yet fixed: each says what breaks. They
 # still run (xfail, not skip) until a commit fixes them and empties this table.
-KNOWN_FAILURES: dict[str, str] = {
-    "tests/slow/test_build_errors.py::test_a_raising_cell_fails_the_build_and_names_the_chapter[raises]": (
-        "failed in the fresh-clone rehearsal of 2026-12-03 (d97bb7f), not yet diagnosed"
-    ),
-    "tests/slow/test_build_errors.py::test_a_raising_cell_fails_the_build_and_names_the_chapter[fine]": (
-        "failed in the fresh-clone rehearsal of 2026-12-03 (d97bb7f), not yet diagnosed"
-    ),
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 def pytest_collection_modifyitems(config, items):

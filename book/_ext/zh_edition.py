@@ -47,10 +47,20 @@ ZH = "zh_CN"
 HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
 ROOT = Path(__file__).resolve().parents[2]
 GLOSSARY = ROOT / "book" / "zh" / "glossary.yml"
-CATALOG = (
-    ROOT / "src" / "transformer_course" / "exercises" / "locale" / "zh"
-    / "LC_MESSAGES" / "exercises.po"
-)  # fmt: skip
+
+
+def _package_dir() -> Path:
+    """The folder of the ``transformer_course`` package the build's Python finds (without
+    importing it), else this checkout's ``src/``: a copy of ``book/_ext`` elsewhere (the
+    build-error test's one-chapter book) still finds the library's tables."""
+    spec = importlib.util.find_spec("transformer_course")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    return ROOT / "src" / "transformer_course"
+
+
+PACKAGE_DIR = _package_dir()
+CATALOG = PACKAGE_DIR / "exercises" / "locale" / "zh" / "LC_MESSAGES" / "exercises.po"
 
 
 def _load(name: str, path: Path):
@@ -343,7 +353,7 @@ TOGGLES = {
 # (a module without imports, read from its file)
 _labels = _load(
     "player_labels",
-    ROOT / "src" / "transformer_course" / "viz" / "animations" / "_labels.py",
+    PACKAGE_DIR / "viz" / "animations" / "_labels.py",
 )
 PLAYER = _labels.PLAYER_ZH
 # The theme's strings that neither Sphinx's nor the themes' Chinese catalogs translate
