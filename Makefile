@@ -50,8 +50,17 @@ $(VENDOR)/mathjax/tex-svg.js: $(NODE_STAMP)
 	mkdir -p $(VENDOR)/mathjax
 	cp node_modules/mathjax/es5/tex-svg.js $(VENDOR)/mathjax/tex-svg.js
 
+# onnxruntime-web for the live views (book/_ext/static/live.js imports it when the reader
+# loads a model): the single-threaded WebAssembly build only, the ES module with its loader
+# bundled in and the one .wasm it fetches (no threads: a static host sends no COOP/COEP).
+$(VENDOR)/onnxruntime/ort.wasm.bundle.min.mjs: $(NODE_STAMP)
+	mkdir -p $(VENDOR)/onnxruntime
+	cp node_modules/onnxruntime-web/dist/ort-wasm-simd-threaded.wasm $(VENDOR)/onnxruntime/
+	cp node_modules/onnxruntime-web/dist/ort.wasm.bundle.min.mjs $(VENDOR)/onnxruntime/
+
 # Both editions; the last line gives the time (the goal: within 8 minutes on 2 cores).
-book: graphviz-deps $(STAMP) $(VENDOR)/mathjax/tex-svg.js
+book: graphviz-deps $(STAMP) $(VENDOR)/mathjax/tex-svg.js \
+	$(VENDOR)/onnxruntime/ort.wasm.bundle.min.mjs
 	@start=$$(date +%s); set -e; \
 	$(PY) tools/sync_notebooks.py --check; \
 	$(PY) tools/build_book.py . -W -n --keep-going --builder html; \
