@@ -39,7 +39,8 @@ class KVCache:
     reads them once, within the step). ``length`` counts the cached tokens.
     ``reorder(index)`` keeps batch rows ``index`` (beam search moves hypotheses
     between beams). ``reset()`` empties the cache and keeps its buffer for the next
-    sequence; ``k`` and ``v`` are the cached tensors (None when empty).
+    sequence; ``crop(n)`` keeps the first n tokens; ``k`` and ``v`` are the cached
+    tensors (None when empty).
 
     Args:
         capacity: tokens the buffer holds before it first has to grow (default 64;
@@ -115,6 +116,18 @@ class KVCache:
     def reset(self) -> None:
         """Forget every cached token; the buffer stays allocated for reuse."""
         self._length = 0
+
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` cached tokens and forget the rest: speculative
+        decoding (chapter 11) rolls back the draft tokens the model rejected, as Hugging
+        Face's ``DynamicCache.crop``. Raises TypeError / ValueError for a length that is
+        not an int in [0, self.length]."""
+        _validation.positive_int("length", length, 0)
+        if length > self._length:
+            raise ValueError(
+                f"length: expected at most the {self._length} cached tokens, got {length}"
+            )
+        self._length = length
 
     def _fits(self, k: Tensor, v: Tensor) -> bool:
         """Whether the allocated buffer can take k and v (B, H, d, dtype, device)."""
