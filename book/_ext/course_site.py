@@ -33,6 +33,11 @@ page (a console error) and names a CDN. Its scripts are dropped from each page.
    mark scrollable blocks again once the fonts and MathJax are done (a block that only
    scrolls after a late font keeps no tab stop otherwise: axe's
    scrollable-region-focusable, seen on the Chinese pages of a loaded machine).
+
+5. The live views (issue 45): ``static/live.js`` and ``static/live.css`` on every page
+   turn each ``div.live-view`` that ``transformer_course.viz.live.live_view`` wrote into a
+   view the reader drives (the soft lookup in plain JavaScript; MiniLM and the translator
+   through the site's copy of onnxruntime-web, imported only when the reader loads one).
 """
 
 from __future__ import annotations
@@ -213,5 +218,9 @@ def setup(app):
     app.connect("html-page-context", _citation_roles)
     app.add_css_file("course.css")
     app.add_js_file("course.js")  # keyboard access to late scrollable blocks
+    # the live views (issue 45): small, on every page; onnxruntime-web is imported by
+    # live.js only when the reader loads a model
+    app.add_css_file("live.css")
+    app.add_js_file("live.js", loading_method="defer")
     app.connect("html-page-context", _hidden_cell_toggles)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
