@@ -5,7 +5,6 @@ shared prefix blocks change no logits; the pool's bytes; bad inputs."""
 import pytest
 import torch
 
-from transformer_course import paged_cache
 from transformer_course.decoding import new_caches
 from transformer_course.kv_cache import KVCache
 from transformer_course.model import DecoderOnlyLM
