@@ -188,29 +188,39 @@ def live_view(kind: str, config: dict, fallback) -> HTML:
     return HTML(live_view_html(kind, config, fallback))
 
 
-def live_view_of(module, tokenizer_or_data, fallback, *, example: str | None = None):
+def live_view_of(
+    module, tokenizer_or_data, fallback, *, example: str | None = None, out_dir=None
+):
     """Export ``module`` to ONNX and return its live view: the one call a chapter makes.
 
     Args:
         module: a ``pretrained.MiniLMEncoder`` (kind "minilm") or a ``model.Transformer``
             trained on the number translation task (kind "translator").
-        tokenizer_or_data: for MiniLM, the tokenizer folder (or an object whose
-            ``name_or_path`` is one) holding ``vocab.txt`` and ``tokenizer_config.json``;
-            for the translator, its ``translation_data`` data object (the vocabularies).
+        tokenizer_or_data: for MiniLM, its tokenizer (None: the shipped one; see
+            ``export.export_minilm``); for the translator, its
+            ``translation_data.TranslationData`` (the vocabularies).
         fallback: the pre-rendered view (see ``fallback_html``).
         example: the text first shown in the text box (default: the export's).
+        out_dir: the exports' base folder (default ``export.live_dir()``).
 
     Returns:
         ``IPython.display.HTML`` (see ``live_view``); the exported files lie in the
-        folder ``transformer_course.export`` reports.
+        folder ``config`` names. Outside the book build (``viz.static_mode()`` False)
+        without the package ``onnx`` (Colab, where the view cannot run anyway: no
+        ``live.js``), the fallback alone, as HTML.
 
     Raises:
-        TypeError: if ``module`` is neither kind.
+        TypeError: if ``module`` is neither kind. ImportError: in the book build
+            without ``onnx``.
     """
     from transformer_course import export
+    from transformer_course.viz.interactive import static_mode
 
-    exported = export.export(module, tokenizer_or_data)
-    config = dict(exported.config)
-    if example is not None:
-        config["example"] = example
-    return live_view(exported.kind, config, fallback)
+    kwargs = {} if example is None else {"example": example}
+    try:
+        exported = export.export(module, tokenizer_or_data, out_dir, **kwargs)
+    except ImportError:
+        if static_mode():
+            raise
+        return HTML(fallback_html(fallback))
+    return live_view(exported.kind, exported.config, fallback)
