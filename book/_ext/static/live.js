@@ -184,6 +184,7 @@
   }
 
   const vocabIndex = new WeakMap(); // vocab array -> Map(token -> id)
+  const tokensOf = (v) => v.vocab || v.tokens; // export.py writes "vocab" (MiniLM), "tokens"
   function indexOf(vocab) {
     let map = vocabIndex.get(vocab);
     if (!map) {
@@ -225,7 +226,7 @@
   const DEFAULT_ADDED = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"];
 
   function tokenizeWordPiece(text, v) {
-    const map = indexOf(v.vocab);
+    const map = indexOf(tokensOf(v));
     const added = (v.added_tokens || DEFAULT_ADDED)
       .map((t) => (typeof t === "string" ? t : t.content))
       .filter((t) => map.has(t))
@@ -251,7 +252,7 @@
     }
     const cls = v.cls_token || "[CLS]";
     const sep = v.sep_token || "[SEP]";
-    const most = (v.max_len || 128) - 2;
+    const most = (v.max_length || v.max_len || 128) - 2;
     const truncated = tokens.length > most;
     const all = [cls, ...tokens.slice(0, most), sep];
     return { tokens: all, ids: all.map((t) => map.get(t)), truncated };
@@ -296,7 +297,7 @@
   }
 
   function lookupTokens(tokens, v) {
-    const map = indexOf(v.vocab);
+    const map = indexOf(tokensOf(v));
     const unkId = v.unk_id ?? 3;
     const ids = tokens.map((t) => (map.has(t) ? map.get(t) : unkId));
     const unknown = tokens.filter((t, i) => ids[i] === unkId && !map.has(t));
@@ -318,7 +319,7 @@
     const specials = tgt.n_special ?? 4;
     const text = ids
       .filter((i) => i >= specials)
-      .map((i) => tgt.vocab[i])
+      .map((i) => tokensOf(tgt)[i])
       .join("");
     if ((tgt.kind || "bpe") === "char") return text;
     let out = text.replace(new RegExp(SPACE_MARK, "g"), " ");
@@ -408,13 +409,19 @@
   }
 
   /** An SVG heatmap of `weights` (rows x cols) with hover and arrow-key read-outs. */
-  function heatmap(box, { rows, cols, weights, scores, label }) {
+  function heatmap(box, { rows: rowLabels, cols: colLabels, weights, scores, label }) {
     box.replaceChildren();
+    let rows = rowLabels;
+    let cols = colLabels;
     const nr = rows.length;
     const nc = cols.length;
     const width = Math.max(240, Math.min(680, box.clientWidth || 680));
-    const left = Math.min(130, 14 + 7 * Math.max(...rows.map((r) => r.length), 1));
-    const top = Math.min(110, 14 + 6 * Math.max(...cols.map((c) => c.length), 1));
+    const short = (t) => (t.length > 14 ? `${t.slice(0, 13)}\u2026` : t);
+    rows = rows.map(short);
+    cols = cols.map(short);
+    const longest = (xs) => Math.max(1, ...xs.map((x) => x.length));
+    const left = 16 + 7 * longest(rows);
+    const top = 18 + 6 * longest(cols);
     const cell = Math.max(6, Math.min(34, Math.floor((width - left - 4) / nc)));
     const W = left + cell * nc + 4;
     const Hh = top + cell * nr + 4;
@@ -599,7 +606,8 @@
         ]);
         ort.env.wasm.numThreads = 1; // no SharedArrayBuffer without COOP/COEP headers
         ort.env.wasm.proxy = false;
-        ort.env.wasm.wasmPaths = folder;
+        // no wasmPaths: with it the bundle would fetch its (embedded) loader again; the
+        // binary is handed over as bytes, fetched above with progress
         ort.env.wasm.wasmBinary = wasm;
         return ort;
       })();
@@ -918,7 +926,7 @@
 
     async runMiniLM(text) {
       if (!text.trim()) return { text, error: say("empty"), tokens: [], ids: [] };
-      const tok = tokenizeWordPiece(text, { max_len: this.cfg.max_len, ...this.vocab });
+      const tok = tokenizeWordPiece(text, { ...this.vocab, max_length: this.cfg.max_len });
       const out = await this.sessions.encoder.run({ input_ids: this.tensor(tok.ids) });
       return {
         text,
@@ -938,7 +946,8 @@
       const base = { text, tokens: tok.tokens, ids: tok.ids };
       if (!text.trim()) return { ...base, error: say("empty") };
       if (tok.unknown.length) return { ...base, error: say("unknown", { words: tok.unknown.map((w) => `\u201c${w.replace(/^\u2581/, "")}\u201d`).join(", ") }) };
-      if (tok.ids.length > c.max_len) return { ...base, error: say("tooLong", { n: tok.ids.length, max: c.max_len }) };
+      const most = c.max_src_len || c.max_len;
+      if (tok.ids.length > most) return { ...base, error: say("tooLong", { n: tok.ids.length, max: most }) };
       const src = this.tensor(tok.ids);
       const feeds = (names, all) => Object.fromEntries(names.filter((n) => n in all).map((n) => [n, all[n]]));
       const enc = await encoder.run(feeds(encoder.inputNames, { src_ids: src }));
@@ -947,9 +956,9 @@
       const outputIds = [];
       const steps = [];
       let last = null;
-      const tgtVocab = (this.vocab.tgt || this.vocab).vocab;
+      const tgtVocab = tokensOf(this.vocab.tgt || this.vocab);
       const stepTimes = [];
-      for (let step = 0; step < c.max_len - 1; step++) {
+      for (let step = 0; step < c.max_len; step++) { // max_len: the most new tokens
         const t0 = performance.now();
         const out = await decoder.run(feeds(decoder.inputNames, { src_ids: src, memory, tgt_ids: this.tensor(prefix) }));
         const [, T, V] = out.logits.dims;
@@ -970,8 +979,7 @@
         outputIds.push(best);
         prefix.push(best);
         // show the German so far, one token a frame
-        this.germanEl.value = decodeTarget(outputIds, this.vocab);
-        this.germanEl.textContent = this.germanEl.value;
+        this.germanEl.textContent = decodeTarget(outputIds, this.vocab);
         await new Promise((r) => setTimeout(r, 0));
       }
       const output = decodeTarget(outputIds, this.vocab);
