@@ -400,8 +400,15 @@ def test_live_view_rejects_bad_configs():
         live_view_html("minilm", [1, 2], "")
 
 
-def test_live_view_of_exports_and_points_at_the_files(data, translator, tmp_path):
+def test_live_view_of_exports_and_points_at_the_files(
+    data, translator, tmp_path, monkeypatch
+):
     model, _ = translator
+    monkeypatch.delenv("TRANSFORMER_COURSE_STATIC", raising=False)
+    widget = object()  # in a live kernel the fallback (a widget) comes back as it is
+    assert live_view_of(model, data, widget, out_dir=tmp_path) is widget
+    assert not list(tmp_path.iterdir())
+    monkeypatch.setenv("TRANSFORMER_COURSE_STATIC", "1")  # the book build
     view = live_view_of(
         model, data, "<p>fallback</p>", out_dir=tmp_path, example="five"
     )

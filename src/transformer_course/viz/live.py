@@ -204,23 +204,20 @@ def live_view_of(
         out_dir: the exports' base folder (default ``export.live_dir()``).
 
     Returns:
-        ``IPython.display.HTML`` (see ``live_view``); the exported files lie in the
-        folder ``config`` names. Outside the book build (``viz.static_mode()`` False)
-        without the package ``onnx`` (Colab, where the view cannot run anyway: no
-        ``live.js``), the fallback alone, as HTML.
+        In the book build (``viz.static_mode()``): ``IPython.display.HTML`` (see
+        ``live_view``), the exported files in the folder ``config`` names. In a live
+        kernel (Jupyter, Colab), where no ``live.js`` runs the view: ``fallback`` itself,
+        unchanged (an ``interactive`` view stays live), and nothing is exported.
 
     Raises:
-        TypeError: if ``module`` is neither kind. ImportError: in the book build
-            without ``onnx``.
+        TypeError: if ``module`` is neither kind. ImportError: without the package
+            ``onnx`` (``pip install transformer-course[live]``).
     """
     from transformer_course import export
     from transformer_course.viz.interactive import static_mode
 
+    if not static_mode():
+        return fallback
     kwargs = {} if example is None else {"example": example}
-    try:
-        exported = export.export(module, tokenizer_or_data, out_dir, **kwargs)
-    except ImportError:
-        if static_mode():
-            raise
-        return HTML(fallback_html(fallback))
+    exported = export.export(module, tokenizer_or_data, out_dir, **kwargs)
     return live_view(exported.kind, exported.config, fallback)
