@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from transformer_course import _validation
-from transformer_course.paged_cache import BlockPool, PagedKVCache
+from transformer_course.paged_cache import BlockPool, PagedKVCache, block_hash
 from transformer_course.training import in_eval_mode
 
 
@@ -43,6 +43,13 @@ def _blocks(n_tokens: int, block_size: int) -> int:
     return -(-n_tokens // block_size)
 
 
+def _first_block_name(prompt: list[int], pool: BlockPool) -> bytes | None:
+    """The name of the prompt's first block if it could be shared, else None."""
+    if not pool.prefix_caching or len(prompt) <= pool.block_size:
+        return None
+    return block_hash(b"", list(prompt[: pool.block_size]))
+
+
 @in_eval_mode  # eval mode, no gradients; the model's mode is restored
 def serve(
     model,
@@ -60,8 +67,10 @@ def serve(
     Requests are admitted in order, while the running batch has fewer than
     ``max_batch`` rows and the pool's free blocks cover the worst case of every running
     request and the new one (prompt + ``max_new_tokens``): no step can run out of
-    blocks, so no request is ever preempted. Prefix sharing happens between requests
-    whose earlier one has already been computed (a block is named once it is full).
+    blocks, so no request is ever preempted. A request whose first block is being
+    computed for another request this step waits one step and then shares it (a block
+    is named in the step that fills it), so requests that share a system prompt compute
+    it once.
 
     Args:
         model: a ``DecoderOnlyLM``. prompts: lists of token ids, each non-empty.
@@ -111,11 +120,21 @@ def serve(
 
     with torch.inference_mode():
         while waiting or running:
+            computing: set[bytes] = set()  # first blocks computed this step
             while waiting and (max_batch is None or len(running) < max_batch):
                 r = waiting[0]
                 reserved = sum(worst_case(x) for x in running)
                 if worst_case(r) + reserved > len(pool.free):
                     break  # wait for a running request to end
+                first = _first_block_name(prompts[r], pool)
+                if (
+                    first is not None
+                    and first in computing
+                    and first not in pool.block_of
+                ):
+                    break  # its prefix is computed this step: share it from the next
+                if first is not None:
+                    computing.add(first)
                 waiting.popleft()
                 seq, n_shared = cache.add_sequence(prompts[r])
                 running[r], pending[r] = seq, list(prompts[r][n_shared:])

@@ -74,13 +74,18 @@ def test_a_shared_system_prompt_is_computed_once(model):
     system = _prompts((13,), seed=2)[0]
     prompts = _prompts((2, 6, 4), seed=3, prefix=system)
     pool = BlockPool.for_model(model, n_blocks=16, block_size=4, prefix_caching=True)
-    first = serve(model, prompts[:1], 5, pool=pool)  # names the system prompt's blocks
-    rest = serve(model, prompts[1:], 5, pool=pool)
-    assert first.outputs + rest.outputs == [_alone(model, p, 5) for p in prompts]
-    assert rest.shared_tokens == 2 * 12  # three full blocks of the 13 system tokens
-    assert rest.computed_tokens == sum(map(len, prompts[1:])) - rest.shared_tokens
-    plain = serve(model, prompts[1:], 5, pool=BlockPool.for_model(model, n_blocks=16))
-    assert plain.outputs == rest.outputs and plain.shared_tokens == 0
+    res = serve(model, prompts, 5, pool=pool)
+    assert res.outputs == [_alone(model, p, 5) for p in prompts]
+    assert res.shared_tokens == 2 * 12  # three full blocks of the 13 system tokens
+    assert res.computed_tokens == sum(map(len, prompts)) - res.shared_tokens
+    plain = serve(model, prompts, 5, pool=BlockPool.for_model(model, n_blocks=16))
+    assert plain.outputs == res.outputs and plain.shared_tokens == 0
+    assert plain.steps == res.steps - 1  # the two that share waited one step
+    again = serve(model, prompts, 5, pool=pool)  # the pool still holds every block:
+    full = sum(
+        (len(p) - 1) // 4 * 4 for p in prompts
+    )  # all full ones, but the last token
+    assert again.outputs == res.outputs and again.shared_tokens == full
 
 
 def test_bad_inputs_raise_clear_errors(model):
