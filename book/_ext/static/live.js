@@ -657,7 +657,7 @@
       panel.append(h("p", { class: "live-hint", text: say("lookupHint") }));
       panel.append(formulaElement());
       const table = h("table", { class: "live-lookup" });
-      const head = h("tr", {}, h("th", { scope: "col", text: "" }));
+      const head = h("tr", {}, h("td"));
       for (let j = 0; j < d; j++) head.append(h("th", { scope: "col", text: `d${j + 1}` }));
       head.append(
         h("th", { scope: "col", text: say("score") }),
