@@ -625,8 +625,10 @@
     constructor(el, cfg) {
       this.el = el;
       this.cfg = cfg;
-      this.query = cfg.query.slice();
-      this.keys = cfg.keys.map((k) => k.slice());
+      // float32 numbers from the chapter (0.949999988...) shown and used as typed (0.95)
+      const tidy = (x) => Number(Number(x).toPrecision(6));
+      this.query = cfg.query.map(tidy);
+      this.keys = cfg.keys.map((k) => k.map(tidy));
       this.build();
       this.compute();
     }
@@ -667,7 +669,7 @@
       table.append(h("thead", {}, head));
       const body = h("tbody");
       const qrow = h("tr", { class: "live-query" }, h("th", { scope: "row", text: say("query") }));
-      this.queryInputs = cfg.query.map((x, j) => {
+      this.queryInputs = this.query.map((x, j) => {
         const input = this.numberInput(x, `${say("query")}, ${say("component", { i: j + 1 })}`, (v) => {
           this.query[j] = v;
         });
@@ -677,7 +679,7 @@
       qrow.append(h("td"), h("td"), h("td"));
       body.append(qrow);
       this.cells = [];
-      this.keyInputs = cfg.keys.map((k, i) => {
+      this.keyInputs = this.keys.map((k, i) => {
         const name = `${say("key")} ${cfg.key_labels[i]}`;
         const row = h("tr", {}, h("th", { scope: "row", text: name }));
         const inputs = k.map((x, j) => {
