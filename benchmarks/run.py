@@ -4,6 +4,7 @@
     python benchmarks/run.py --smoke    # tiny sizes, seconds; what the tests run
     python benchmarks/run.py --only flash-backward   # that section alone, merged in
     python benchmarks/run.py --only llm # chapter 10's real LLM alone (llm_bench.py)
+    python benchmarks/run.py --only serving  # chapter 11 alone (serving_bench.py)
 
 Writes ``results.json`` and ``results.md`` (into ``--out``, default this folder) with
 the machine it ran on and these ratios:
@@ -32,6 +33,9 @@ the machine it ran on and these ratios:
   and cached against uncached decoding at 256 new tokens, on one thread and all cores.
   ``--only llm`` (and ``--only kv-cache``) run that section alone and merge it into
   the full report, or write ``results-llm.json`` where ``--out`` has none.
+- chapter 11's serving (``serving_bench.py``, ``--only serving``): paged against
+  preallocated cache memory, the prefix-caching speed-up, the quantized cache's bytes
+  per token, and speculative decoding against plain and transformers' ``generate``.
 
 Numbers depend on the machine; the ratios are what to compare. Nothing here is a test
 of speed: the smoke run only checks that every measurement runs and is written.
@@ -68,6 +72,7 @@ from transformer_course.training import (
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # benchmarks/llm_bench.py, a sibling module
 import llm_bench
+import serving_bench
 
 
 def machine(device: torch.device) -> dict:
@@ -777,6 +782,7 @@ def goals(results: dict) -> list[dict]:
                 "met?": r["library/transformers time"] <= 1.0,
             }
         )
+    rows += serving_goals(results.get("serving"))
     for r in results["mha"]:
         rows.append(
             {
@@ -787,6 +793,30 @@ def goals(results: dict) -> list[dict]:
             }
         )
     return rows
+
+
+def serving_goals(serving: dict | None) -> list[dict]:
+    """Issue 43's rows: the speculative speed-up on prompts that repeat their input."""
+    if not serving:
+        return []
+    spec = serving["speculative"]
+    worst = min(r["speculative speed-up"] for r in spec)
+    against_hf = max(r["speculative/transformers lookup time"] for r in spec)
+    return [
+        {
+            "measure": "speculative (prompt lookup)/plain greedy speed-up, worst of "
+            f"{len(spec)} repeating prompts, threads = {serving['torch threads']}",
+            "now": f"{worst:.2f}",
+            "goal": ">= 1.5",
+            "met?": worst >= 1.5,
+        },
+        {
+            "measure": "speculative/transformers prompt-lookup generate time, worst",
+            "now": f"{against_hf:.2f}",
+            "goal": "< 1.0",
+            "met?": against_hf < 1.0,
+        },
+    ]
 
 
 def flash_backward_goals(fb: dict) -> list[dict]:
@@ -1014,6 +1044,9 @@ def write_markdown(results: dict, path: Path) -> None:
     parts += [table(int8), ""]
     if "llm" in results:
         parts += llm_bench.markdown(results["llm"], table, results.get("llm_command"))
+    if "serving" in results:
+        command = results.get("serving_command")
+        parts += serving_bench.markdown(results["serving"], table, command)
     if "torchao error" in results["int8"]:
         parts += [f"torchao failed here: {results['int8']['torchao error']}", ""]
     parts += flash_backward_text(results["flash_backward"])
@@ -1108,7 +1141,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=HERE, help="folder for the reports")
     parser.add_argument(
         "--only",
-        choices=["flash-backward", "kv-cache", "llm"],
+        choices=["flash-backward", "kv-cache", "llm", "serving"],
         help="run this measurement alone and merge it into the reports in --out "
         "(into results-<name>.json where --out has no full run)",
     )
@@ -1133,6 +1166,9 @@ def main(argv=None) -> int:
     if args.only == "llm":
         results["llm"] = llm_bench.bench_llm(smoke, LLM_THREADS, threads, side_by_side)
         return merge_alone(results, ("llm",), args, time.perf_counter() - start)
+    if args.only == "serving":
+        results["serving"] = serving_bench.bench_serving(smoke, threads, side_by_side)
+        return merge_alone(results, ("serving",), args, time.perf_counter() - start)
     lengths = [64, 128] if smoke else [256, 512, 1024, 2048, 4096, 8192]
     sweep_t = 128 if smoke else 2048
     results["tile_sweep"] = bench_tile_sweep(
@@ -1174,6 +1210,7 @@ def main(argv=None) -> int:
     results["int8"] = bench_int8(model, x_val, y_val, repeat=1 if smoke else 5)
     results["flash_backward"] = run_flash_backward(device, smoke, command)
     results["llm"] = llm_bench.bench_llm(smoke, LLM_THREADS, threads, side_by_side)
+    results["serving"] = serving_bench.bench_serving(smoke, threads, side_by_side)
     results["seconds"] = time.perf_counter() - start
     results["load"] = load_average()
     args.out.mkdir(parents=True, exist_ok=True)

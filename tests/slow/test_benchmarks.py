@@ -50,6 +50,11 @@ def test_smoke_run_writes_reports(bench, tmp_path):
     assert [r["n_kv_heads"] for r in results["kv_bytes"]] == [4, 2, 1]
     llm = results["llm"]
     assert llm["same_tokens"] and len(llm["rows"]) >= 1
+    serving = results["serving"]  # chapter 11: each cost measured changes no tokens
+    assert serving["paged"]["same tokens as generate alone"]
+    assert 0 < serving["paged"]["paged/preallocated memory"] <= 1
+    assert serving["prefix"]["same first tokens"]
+    assert all(r["same tokens"] for r in serving["speculative"])
     for row in llm["rows"]:
         assert row["library/transformers time"] > 0 and row["uncached/cached time"] > 0
     int8 = results["int8"]
