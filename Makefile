@@ -136,6 +136,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/translation.py
+	$(PY) benchmarks/live_views.py
 
 # On a machine with a CUDA GPU: device selection, a training run, the Triton kernel against
 # SDPA; writes benchmarks/gpu-results.md. Without a GPU it says so and exits 0.
