@@ -50,6 +50,7 @@ PAGE_MODULES = (
     "tests/site/test_a11y.py",
     "tests/site/test_browser.py",
     "tests/site/test_measure_pages.py",
+    "tests/site/test_live.py",
 )
 # The order of a page's tests: the check of the page as it loaded first, then the checks
 # that only read it, then those that change it, each a part of its own (the views'
@@ -63,6 +64,9 @@ PAGE_TEST_ORDER = (
     "test_chinese_headings_render_in_a_cjk_font",
     "test_every_animation_control_shows_an_icon",
     "test_every_interactive_view_responds_to_each_control",
+    "test_live_views_speak_the_pages_language",
+    "test_live_tokenizers_match_python_on_100_sentences",
+    "test_live_views_match_the_library",
     "test_every_animation_plays",
     "test_every_solution_starts_hidden_and_opens_on_click",
 )

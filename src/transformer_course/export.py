@@ -416,6 +416,7 @@ def export_minilm(
         "d_k": cfg["d_k"],
         "max_len": max_len,
         "example": example,
+        "bytes": _served_bytes(folder),
     }
     return Exported("minilm", folder, _files(folder), config, seconds)
 
@@ -659,6 +660,7 @@ def export_translator(
         "max_len": min(max_new_tokens, cfg.max_len - 1),
         "max_src_len": cfg.max_len,
         "example": example,
+        "bytes": _served_bytes(folder),
     }
     return Exported("translator", folder, _files(folder), config, seconds)
 
@@ -675,7 +677,11 @@ def load_exported_translator(folder):
     Raises:
         ValueError: if ``folder`` holds no translator export (config.json's kind).
     """
-    from transformer_course.model import Transformer, TransformerConfig
+    from transformer_course.model import (
+        Transformer,
+        TransformerConfig,
+        set_attention_backend,
+    )
 
     meta = _meta(folder, "translator")
     fields = dict(meta["cfg"])
@@ -683,10 +689,20 @@ def load_exported_translator(folder):
         fields["rope_freq_factors"] = tuple(fields["rope_freq_factors"])
     model = Transformer(TransformerConfig(**fields))
     model.load_state_dict(torch.load(Path(folder) / "state_dict.pt", weights_only=True))
-    return model.eval()
+    return set_attention_backend(model, "naive").eval()
 
 
 # ------------------------------------------------------------------------------ shared
+
+
+def _served_bytes(folder: Path) -> int:
+    """Bytes the page fetches from ``folder`` (its .onnx files and vocab.json): the
+    size the live view's button states."""
+    return sum(
+        p.stat().st_size
+        for p in folder.iterdir()
+        if p.suffix == ".onnx" or p.name == "vocab.json"
+    )
 
 
 def _files(folder: Path) -> dict:
