@@ -54,8 +54,9 @@ Tensor = torch.Tensor
 def block_hash(parent: bytes, tokens: list[int]) -> bytes:
     """The name of a full block: SHA-256 of the previous block's name and this block's
     token ids, so equal names mean equal prefixes. A cryptographic hash, not Python's
-    ``hash``: vLLM replaced ``hash()`` after a collision could make one request read
-    another's cache (advisory GHSA-rm76-4mrf-v9r8, CVE-2025-25183)."""
+    ``hash``: with Python 3.12's predictable ``hash(None)`` a crafted prompt could
+    make one request read another's cache (vLLM advisory GHSA-rm76-4mrf-v9r8, PR 12621;
+    SHA-256 the default since vLLM 0.10.2)."""
     return hashlib.sha256(parent + struct.pack(f"<{len(tokens)}q", *tokens)).digest()
 
 
@@ -92,11 +93,10 @@ class BlockPool:
         device=None,
         prefix_caching: bool = False,
     ):
-        for name, value in [("n_layers", n_layers), ("n_kv_heads", n_kv_heads)]:
+        sizes = (n_layers, n_kv_heads, head_dim, n_blocks, block_size)
+        names = ("n_layers", "n_kv_heads", "head_dim", "n_blocks", "block_size")
+        for name, value in zip(names, sizes):
             _validation.positive_int(name, value)
-        _validation.positive_int("head_dim", head_dim)
-        _validation.positive_int("n_blocks", n_blocks)
-        _validation.positive_int("block_size", block_size)
         self.n_layers, self.n_blocks, self.block_size = n_layers, n_blocks, block_size
         self.prefix_caching = prefix_caching
         shape = (n_blocks, n_kv_heads, block_size, head_dim)  # (N, H_kv, b, d)

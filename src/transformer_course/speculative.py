@@ -123,7 +123,7 @@ class ModelDrafter:
     @torch.inference_mode()
     def propose(self, tokens: list[int], k: int, generator=None):
         if self.caches is None:
-            self.caches = new_caches(self.model, self.model.cfg.max_len)
+            self.caches = new_caches(self.model, 256)  # doubles when full
         same = 0  # the cached prefix that ``tokens`` still starts with
         while (
             same < min(len(self.cached), len(tokens) - 1)
