@@ -10,15 +10,16 @@ minimum m per group (asymmetric uniform quantization, x ~ m + s * round((x - m) 
 s = (max - min) / (2^b - 1)) cuts it by about 32 / b in float32. Which numbers share a
 scale matters: KIVI (Liu et al. 2024, section 3) found that keys have a few *channels*
 of large magnitude in every token, so a key's scale is taken per channel over a group
-of G tokens, while values have no such channels and take one scale per token. A key
-group is quantized once it has G tokens; until then the newest keys wait in full
-precision (KIVI's residual). The first ``n_sink`` tokens are never quantized: most
+of G tokens, while values have no such channels and take one scale per token. The
+newest tokens stay in full precision (KIVI's residual: the next queries read them
+most); once ``residual`` + G of them wait, the oldest G are quantized, keys per
+channel and values per token. The first ``n_sink`` tokens are never quantized: most
 heads put much of their weight on them (the attention sink, Xiao et al. 2023,
 section 3.1; chapter 10 shows it in SmolLM2), so their error would reach every query.
 
 Error bound (what the tests check): each dequantized number is within s / 2 of the
 original, where s is its group's scale (up to float rounding, a few ulps of the
-group's range); sink tokens and the residual keys are exact.
+group's range); sink tokens and the residual tokens are exact.
 
 Sources: Liu et al. 2024, "KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV
 Cache", sections 3.1-3.3 (per-channel keys, per-token values, the residual group);
@@ -78,37 +79,50 @@ def unpack_int4(packed: Tensor) -> Tensor:
 
 
 class QuantizedKVCache:
-    """A ``KVCacheLike`` whose tokens after the first ``n_sink`` are stored in ``bits``
-    bits: keys per channel in groups of ``group_size`` tokens, values per token.
+    """A ``KVCacheLike`` whose tokens after the first ``n_sink``, but for the newest
+    ``residual`` (to ``residual + group_size - 1``), are stored in ``bits`` bits: keys
+    per channel in groups of ``group_size`` tokens, values per token.
 
     ``update(k, v)``: k, v (B, H_kv, S_new, d) of one float dtype -> all keys and
     values so far, dequantized, (B, H_kv, S, d) each (new tensors every call: the
     dequantization a fused kernel does on the fly). ``length``: tokens S. ``nbytes``:
-    the bytes held (codes, scales and minima, sinks and residual keys at full
+    the bytes held (codes, scales and minima, sinks and residual tokens at full
     precision); ``bytes_per_token`` = nbytes / S. Use one per layer, e.g.
     ``generate(model, ids, n, cache=functools.partial(QuantizedKVCache, bits=4))``.
 
     Args:
         bits: 8 or 4. n_sink: tokens kept at full precision from the start (>= 0;
             StreamingLLM keeps 4). group_size: tokens that share a key channel's scale
-            (KIVI uses 32 or 128).
+            (KIVI uses 32). residual: newest tokens kept at full precision (>= 0;
+            KIVI's R, 128 in the paper).
 
     Raises:
-        TypeError / ValueError: bits not 8 or 4, a negative n_sink, group_size < 1;
+        TypeError / ValueError: bits not 8 or 4, a negative n_sink or residual,
+            group_size < 1;
             in ``update``, k and v not 4-d float of the same shape (4 bits: d even),
             or different from the cached ones in (B, H_kv, d), dtype or device.
 
     Source: KIVI (Liu et al. 2024), Algorithm 1; Xiao et al. 2023 (attention sinks).
     """
 
-    def __init__(self, bits: int = 8, *, n_sink: int = 4, group_size: int = 32):
+    def __init__(
+        self,
+        bits: int = 8,
+        *,
+        n_sink: int = 4,
+        group_size: int = 32,
+        residual: int = 32,
+    ):
         _validation.one_of("bits", bits, BITS)
         _validation.positive_int("n_sink", n_sink, 0)
         _validation.positive_int("group_size", group_size)
+        _validation.positive_int("residual", residual, 0)
         self.bits, self.n_sink, self.group_size = bits, n_sink, group_size
+        self.residual = residual
         self.sink_k: Tensor | None = None  # (B, H_kv, <= n_sink, d), exact
         self.sink_v: Tensor | None = None
-        self.residual_k: Tensor | None = None  # (B, H_kv, < G, d), exact
+        self.recent_k: Tensor | None = None  # (B, H_kv, < residual + G, d), exact
+        self.recent_v: Tensor | None = None
         self.key_groups: list[tuple[Tensor, Tensor, Tensor]] = []  # codes, scale, min
         self.values: tuple[Tensor, Tensor, Tensor] | None = None  # per-token codes
         self._length = 0
@@ -127,18 +141,18 @@ class QuantizedKVCache:
             self.sink_v = _cat(self.sink_v, v[:, :, :take])
         k, v = k[:, :, take:], v[:, :, take:]
         if k.shape[2]:
-            self._add_keys(k)
-            self._add_values(v)
-        return self._keys(), self._values()
-
-    def _add_keys(self, k: Tensor) -> None:
-        resid = _cat(self.residual_k, k)  # (B, H_kv, r, d)
+            self.recent_k, self.recent_v = (
+                _cat(self.recent_k, k),
+                _cat(self.recent_v, v),
+            )
         G = self.group_size
-        while resid.shape[2] >= G:  # a full group: one scale per channel over G tokens
-            codes, scale, lo = quantize(resid[:, :, :G], self.bits, dim=2)
+        while self.recent_k is not None and self.recent_k.shape[2] >= self.residual + G:
+            old_k, self.recent_k = self.recent_k[:, :, :G], self.recent_k[:, :, G:]
+            old_v, self.recent_v = self.recent_v[:, :, :G], self.recent_v[:, :, G:]
+            codes, scale, lo = quantize(old_k, self.bits, dim=2)  # a scale per channel
             self.key_groups.append((self._pack(codes), scale, lo))  # scale (B, H, 1, d)
-            resid = resid[:, :, G:]
-        self.residual_k = resid
+            self._add_values(old_v)
+        return self._keys(), self._values()
 
     def _add_values(self, v: Tensor) -> None:
         codes, scale, lo = quantize(v, self.bits, dim=3)  # one scale per token
@@ -155,20 +169,20 @@ class QuantizedKVCache:
     def _keys(self) -> Tensor:
         parts = [self.sink_k]
         parts += [dequantize(self._unpack(c), s, m) for c, s, m in self.key_groups]
-        parts.append(self.residual_k)
+        parts.append(self.recent_k)
         return torch.cat([p for p in parts if p is not None], dim=2)  # (B, H_kv, S, d)
 
     def _values(self) -> Tensor:
-        if self.values is None:
-            return self.sink_v
-        codes, scale, lo = self.values
-        return torch.cat(
-            [self.sink_v, dequantize(self._unpack(codes), scale, lo)], dim=2
-        )
+        parts = [self.sink_v, self.recent_v]
+        if self.values is not None:
+            codes, scale, lo = self.values
+            parts.insert(1, dequantize(self._unpack(codes), scale, lo))
+        return torch.cat([p for p in parts if p is not None], dim=2)  # (B, H_kv, S, d)
 
     @property
     def nbytes(self) -> int:
-        tensors = [self.sink_k, self.sink_v, self.residual_k, *(self.values or ())]
+        tensors = [self.sink_k, self.sink_v, self.recent_k, self.recent_v]
+        tensors += list(self.values or ())
         tensors += [t for group in self.key_groups for t in group]
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 

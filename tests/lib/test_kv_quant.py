@@ -1,5 +1,5 @@
 """kv_quant: every dequantized key and value within half its group's scale, sink
-tokens and the residual keys exact, per-channel keys beating per-token ones on a
+tokens and the residual (newest) tokens exact, per-channel keys beating per-token ones on a
 key with an outlier channel (KIVI's reason), the bytes held, and bad inputs."""
 
 import functools
@@ -74,25 +74,28 @@ def _fill(cache, k, v, chunks=(7, 1, 1, 20, 16)):
 
 
 @param("bits", [8, 4])
-def test_the_cache_keeps_sinks_exact_and_every_number_within_its_bound(bits):
+@param("residual", [0, 8])
+def test_the_cache_keeps_sinks_exact_and_every_number_within_its_bound(bits, residual):
     k, v = _kv()
     n_sink, G = 4, 8
-    cache = QuantizedKVCache(bits, n_sink=n_sink, group_size=G)
+    cache = QuantizedKVCache(bits, n_sink=n_sink, group_size=G, residual=residual)
     keys, values = _fill(cache, k, v)
     assert keys.shape == k.shape and values.shape == v.shape and cache.length == S
     assert torch.equal(keys[:, :, :n_sink], k[:, :, :n_sink])  # the sinks
     assert torch.equal(values[:, :, :n_sink], v[:, :, :n_sink])
-    n_groups = (S - n_sink) // G
+    n_groups = (S - n_sink - residual) // G  # the oldest groups beyond the residual
     resid = n_sink + n_groups * G
-    assert torch.equal(keys[:, :, resid:], k[:, :, resid:])  # not yet a full group
+    assert torch.equal(keys[:, :, resid:], k[:, :, resid:])  # the newest, exact
+    assert torch.equal(values[:, :, resid:], v[:, :, resid:])
+    assert residual <= S - resid < residual + G
     for i in range(n_groups):  # keys: a scale per channel over the group's tokens
         part = slice(n_sink + i * G, n_sink + (i + 1) * G)
         _, scale, _ = quantize(k[:, :, part], bits, dim=2)
         assert _within_half_scale(k[:, :, part], keys[:, :, part], scale)
-    _, scale, _ = quantize(v[:, :, n_sink:], bits, dim=3)  # values: a scale per token
-    assert _within_half_scale(v[:, :, n_sink:], values[:, :, n_sink:], scale)
+    _, scale, _ = quantize(v[:, :, n_sink:resid], bits, dim=3)  # values: one per token
+    assert _within_half_scale(v[:, :, n_sink:resid], values[:, :, n_sink:resid], scale)
     assert not torch.equal(keys[:, :, n_sink:resid], k[:, :, n_sink:resid])  # quantized
-    no_sink = QuantizedKVCache(bits, n_sink=0, group_size=G)  # known wrong for sinks
+    no_sink = QuantizedKVCache(bits, n_sink=0, group_size=G, residual=residual)  # wrong
     assert not torch.equal(_fill(no_sink, k, v)[1][:, :, :n_sink], v[:, :, :n_sink])
 
 
@@ -109,7 +112,7 @@ def test_per_channel_keys_beat_per_token_keys_when_a_channel_is_an_outlier():
 def test_bytes_held_match_the_formula_and_shrink_with_bits(bits):
     k, v = _kv()
     n_sink, G = 5, 8  # S - n_sink = 40 = 5 groups, no residual
-    cache = QuantizedKVCache(bits, n_sink=n_sink, group_size=G)
+    cache = QuantizedKVCache(bits, n_sink=n_sink, group_size=G, residual=0)
     _fill(cache, k, v)
     per_token = quantized_bytes_per_token(1, H, D, bits, group_size=G)
     sinks = 2 * B * H * n_sink * D * 4
@@ -146,7 +149,8 @@ def test_in_generate_sinks_covering_everything_give_the_float_tokens(tiny_config
         err = {}
         for bits in (8, 4):
             caches = [
-                QuantizedKVCache(bits, n_sink=1, group_size=4) for _ in model.layers
+                QuantizedKVCache(bits, n_sink=1, group_size=4, residual=0)
+                for _ in model.layers
             ]
             model(ids[:, :8], caches=caches)
             out = model(ids[:, 8:], caches=caches)[:, -1]
@@ -159,6 +163,8 @@ def test_bad_inputs_raise_clear_errors():
         QuantizedKVCache(3)
     with pytest.raises(ValueError, match="n_sink: expected an int >= 0"):
         QuantizedKVCache(8, n_sink=-1)
+    with pytest.raises(ValueError, match="residual: expected an int >= 0"):
+        QuantizedKVCache(8, residual=-1)
     with pytest.raises(TypeError, match="x: expected a floating-point tensor"):
         quantize(torch.ones(3, dtype=torch.long), 8, 0)
     cache = QuantizedKVCache(4)
