@@ -15,8 +15,8 @@ drawn from p. Every kept token then has the model's distribution p exactly (Levi
 et al. 2023, theorem 3.5 / appendix A.1; Chen et al. 2023, theorem 1). The cache holds
 the rejected drafts' keys after the pass; it is cropped back (``KVCache.crop``).
 
-Drafters: ``PromptLookupDrafter`` copies what followed the latest earlier occurrence of
-the last n tokens (prompt lookup decoding, Saxena 2023; ``prompt_lookup_num_tokens`` in
+Drafters: ``PromptLookupDrafter`` copies what followed the first occurrence of the last
+n tokens (prompt lookup decoding, Saxena 2023; ``prompt_lookup_num_tokens`` in
 Hugging Face transformers): free, and right whenever the answer repeats its input
 (editing, extraction, code). ``ModelDrafter`` runs a smaller model, e.g.
 ``first_layers(model, n)``, the model's own first n layers with its final norm and head
@@ -60,9 +60,12 @@ class Drafter(Protocol):
 
 
 class PromptLookupDrafter:
-    """Drafts by copying: find the latest earlier occurrence of the last n tokens
-    (n from ``max_ngram`` down to ``min_ngram``) and propose the up to k tokens that
-    followed it; nothing when no n-gram recurs. Deterministic (q is one-hot).
+    """Drafts by copying: find the first occurrence of the last n tokens (n from
+    ``max_ngram`` down to ``min_ngram``) that has tokens after it, and propose the up
+    to k tokens that followed it; nothing when no n-gram recurs. Deterministic (q is
+    one-hot). The first occurrence, as transformers' prompt lookup takes it, is most
+    often in the prompt, which is what an answer that repeats its input copies (on
+    SmolLM2's copy prompts it keeps more drafts than the latest occurrence does).
 
     Raises TypeError / ValueError unless 1 <= min_ngram <= max_ngram are ints.
     Source: Saxena 2023, "Prompt Lookup Decoding" (transformers' prompt lookup).
@@ -76,7 +79,7 @@ class PromptLookupDrafter:
     def propose(self, tokens: list[int], k: int, generator=None):
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             tail = tokens[-n:]
-            for start in range(len(tokens) - n - 1, -1, -1):  # latest occurrence first
+            for start in range(len(tokens) - n):  # the first occurrence with a sequel
                 if tokens[start : start + n] == tail:
                     return tokens[start + n : start + n + k], None
         return [], None

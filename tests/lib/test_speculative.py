@@ -179,9 +179,10 @@ def test_sampled_speculative_first_tokens_follow_the_model(tiny_config):
     assert _chi_square_p_value(counts, p) > 1e-3
 
 
-def test_prompt_lookup_copies_what_followed_the_latest_occurrence():
+def test_prompt_lookup_copies_what_followed_the_first_occurrence():
     drafter = PromptLookupDrafter(max_ngram=2)
-    assert drafter.propose([1, 2, 3, 9, 1, 2, 4, 5, 1, 2], 3) == ([4, 5, 1], None)
+    assert drafter.propose([1, 2, 3, 9, 1, 2, 4, 5, 1, 2], 3) == ([3, 9, 1], None)
+    assert drafter.propose([8, 1, 2, 3, 9, 1, 2], 8) == ([3, 9, 1, 2], None)
     assert drafter.propose([5, 6, 7, 8], 3) == ([], None)  # nothing recurs
     assert drafter.propose([5, 6, 7, 5], 4) == ([6, 7, 5], None)  # 1-gram fallback
     with pytest.raises(ValueError, match="max_ngram: expected an int >= 2"):
