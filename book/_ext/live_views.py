@@ -8,9 +8,12 @@ A chapter cell that shows a live view writes its ONNX files and vocab.json into
 - adds ``<meta name="course-live-root" content="REL">`` to every page, REL the relative
   URL from the page to the English build's ``_static/live/`` (a Chinese page, served from
   ``zh/``, points one folder further up: the files are copied once, for both editions);
-- after the build, reads every written page's live-view configs and, in the English
-  build, copies the ``.onnx`` files and vocab.json they name (not state_dict.pt or
-  config.json, which are for the tests) into ``<outdir>/_static/live/``;
+- after the build, reads every written page's live-view configs and copies the ``.onnx``
+  files and vocab.json they name (not state_dict.pt or config.json, which are for the
+  tests) into the English site's ``_static/live/`` (the Chinese build, whose outdir is
+  the English site's ``zh/``, copies into the same folder: its pages may name another
+  export when its chapters executed apart from the English ones); the English build,
+  which runs first, removes the folders there that none of its pages names;
 - fails the build, naming the page and the file, when a config names a file missing
   from ``_build/.live`` (e.g. a chapter taken from the execution cache after the folder
   was deleted: delete ``_build/.jupyter_cache`` to execute it again).
@@ -50,11 +53,14 @@ def _add_meta(app, pagename, templatename, context, doctree):
     context["metatags"] = context.get("metatags", "") + tag
 
 
-def referenced(outdir: Path) -> dict[str, list[str]]:
+def referenced(outdir: Path, skip: Path | None = None) -> dict[str, list[str]]:
     """Page file (relative to ``outdir``) -> the files its live views name (relative to
-    _static/live/), read from the written HTML."""
+    _static/live/), read from the written HTML; pages under ``skip`` (the Chinese
+    edition inside the English site) are not read."""
     found = {}
     for page in sorted(Path(outdir).rglob("*.html")):
+        if skip is not None and page.is_relative_to(skip):
+            continue
         text = page.read_text("utf-8", errors="replace")
         if "live-view" not in text:
             continue
@@ -69,11 +75,16 @@ def referenced(outdir: Path) -> dict[str, list[str]]:
     return found
 
 
-def publish(outdir: Path, live: Path, *, copy: bool) -> list[str]:
-    """Check (and with ``copy`` copy into ``outdir/_static/live/``) every file the pages
-    name; return the names. Raises ExtensionError for a missing one."""
+def publish(outdir: Path, live: Path, *, chinese: bool) -> list[str]:
+    """Check every file the pages of ``outdir`` name and copy it into the English site's
+    _static/live/ (``outdir`` itself, or its parent for the Chinese edition); return the
+    names. The English build also removes the folders there its pages do not name.
+    Raises ExtensionError for a missing one."""
+    outdir = Path(outdir)
+    site = outdir.parent if chinese else outdir
     names = []
-    for page, files in referenced(outdir).items():
+    pages = referenced(outdir, skip=None if chinese else outdir / "zh")
+    for page, files in pages.items():
         for name in files:
             source = Path(live) / name
             if ".." in Path(name).parts or not source.is_file():
@@ -83,15 +94,16 @@ def publish(outdir: Path, live: Path, *, copy: bool) -> list[str]:
                     "output came from the execution cache?). Delete _build/.jupyter_cache "
                     "and build again."
                 )
-            if copy:
-                target = Path(outdir) / LIVE / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                if (
-                    not target.exists()
-                    or target.stat().st_size != source.stat().st_size
-                ):
-                    shutil.copy2(source, target)
+            target = site / LIVE / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not target.exists() or target.stat().st_size != source.stat().st_size:
+                shutil.copy2(source, target)
             names.append(name)
+    if not chinese and (site / LIVE).is_dir():
+        kept = {Path(name).parts[0] for name in names}
+        for folder in (site / LIVE).iterdir():
+            if folder.name not in kept:
+                shutil.rmtree(folder) if folder.is_dir() else folder.unlink()
     return sorted(set(names))
 
 
@@ -100,12 +112,9 @@ def _build_finished(app, exception):
         return
     from transformer_course.export import live_dir
 
-    names = publish(Path(app.outdir), live_dir(), copy=not _is_chinese(app))
+    names = publish(Path(app.outdir), live_dir(), chinese=_is_chinese(app))
     if names:
-        where = (
-            "checked (the English build serves them)" if _is_chinese(app) else "copied"
-        )
-        print(f"live_views: {len(names)} model file(s) {where}")
+        print(f"live_views: {len(names)} model file(s) in the site's {LIVE}")
 
 
 def setup(app):

@@ -43,12 +43,13 @@ LIVE_PAGES = {
     "book/03_multi_head": ["minilm"],
     "book/06_transformer": ["translator"],
 }
-PAGES = [*LIVE_PAGES, *(f"zh/{p}" for p in LIVE_PAGES)]
+# the Chinese pages are served as zh/01_qkv.html (book/zh/_toc.yml), not zh/book/...
+PAGES = [*LIVE_PAGES, *(f"zh/{Path(p).name}" for p in LIVE_PAGES)]
 READY = "el => el.dataset.liveState === 'ready' || el.dataset.liveState === 'error'"
 
 
 def kinds_of(page: str) -> list[str]:
-    return LIVE_PAGES[page.removeprefix("zh/")]
+    return LIVE_PAGES[f"book/{Path(page).name}"]
 
 
 # -- inputs of this file's own ------------------------------------------------------

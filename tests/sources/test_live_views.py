@@ -49,7 +49,7 @@ def test_served_files_are_copied_and_only_those(ext, tmp_path):
     assert ext.referenced(out) == {
         "book/03_multi_head.html": [CONFIG["model"], CONFIG["vocab"]]
     }
-    assert ext.publish(out, live, copy=True) == sorted(
+    assert ext.publish(out, live, chinese=False) == sorted(
         [CONFIG["model"], CONFIG["vocab"]]
     )
     copied = sorted(
@@ -58,10 +58,36 @@ def test_served_files_are_copied_and_only_those(ext, tmp_path):
     assert copied == ["encoder.onnx", "vocab.json"]
 
 
-def test_the_chinese_build_checks_without_copying(ext, tmp_path):
+def test_the_chinese_build_copies_into_the_english_sites_folder(ext, tmp_path):
+    """The Chinese pages (outdir html/zh) may name an export the English pages do not (their
+    chapters executed apart): it lands in html/_static/live/, where their meta points."""
     out, live = site(tmp_path)
-    ext.publish(out, live, copy=False)
-    assert not (out / "_static").exists()
+    zh = out / "zh"
+    (out / "book").rename(zh)
+    ext.publish(zh, live, chinese=True)
+    assert not (zh / "_static").exists()
+    assert (out / "_static/live/minilm-0123456789abcdef/encoder.onnx").is_file()
+
+
+def test_the_english_build_skips_the_chinese_pages_and_drops_stale_folders(
+    ext, tmp_path
+):
+    out, live = site(tmp_path)
+    stale = out / "_static/live/minilm-ffffffffffffffff"
+    stale.mkdir(parents=True)
+    zh = out / "zh"  # a Chinese page of an earlier build, naming a missing export
+    zh.mkdir()
+    (zh / "03_multi_head.html").write_text(
+        live_view_html(
+            "minilm", dict(CONFIG, model="minilm-eeeeeeeeeeeeeeee/encoder.onnx"), "x"
+        ),
+        "utf-8",
+    )
+    ext.publish(out, live, chinese=False)  # no error: the zh build checks its own pages
+    assert not stale.exists()
+    assert (out / "_static/live/minilm-0123456789abcdef").is_dir()
+    with pytest.raises(ExtensionError, match="eeeeeeeeeeeeeeee"):
+        ext.publish(zh, live, chinese=True)
 
 
 def test_a_missing_file_fails_the_build_naming_the_page(ext, tmp_path):
@@ -71,13 +97,13 @@ def test_a_missing_file_fails_the_build_naming_the_page(ext, tmp_path):
     with pytest.raises(
         ExtensionError, match="book/03_multi_head.html.*ffffffffffffffff"
     ):
-        ext.publish(out, live, copy=True)
+        ext.publish(out, live, chinese=False)
 
 
 def test_a_path_out_of_the_folder_is_refused(ext, tmp_path):
     out, live = site(tmp_path, dict(CONFIG, model="../../etc/encoder.onnx"))
     with pytest.raises(ExtensionError, match="does not exist"):
-        ext.publish(out, live, copy=True)
+        ext.publish(out, live, chinese=False)
 
 
 def test_live_root_points_at_the_english_static_folder(ext):
