@@ -1,7 +1,8 @@
 """Measure how the built chapters read: open every chapter page of a built site in
 Debian's chromium at 1280 px (Playwright) and print, per chapter, its height in screens
 of 1000 px, the share of that height taken by visible code cells (a collapsed cell
-counts as its toggle) and by figures + diagrams + animations, the number of diagrams
+counts as its toggle) and by figures + diagrams + animations + live views (a
+``div.live-view`` as a whole: the heatmaps and numbers the reader drives), the number of diagrams
 (``<figure class="tc-diagram">``, written by ``transformer_course.viz.diagrams``) and of
 animations (``div.animation`` from ``to_jshtml``), the code cells and outputs that
 scroll sideways, the display equations wider than the column they sit in (MathJax's
@@ -51,7 +52,9 @@ async () => {
     .filter((s) => !s.parentElement.open);
   const diagrams = all(".tc-diagram").filter(shown);
   const animations = all("div.animation").filter(shown);
-  const pictures = ".tc-diagram, div.animation";
+  // a live view (live.js: heatmaps and numbers the reader drives) is a figure as a whole
+  const live = all(".live-view").filter(shown);
+  const pictures = ".tc-diagram, div.animation, .live-view";
   const images = all(".cell_output img, .cell_output > .output svg")
     .filter((el) => shown(el) && outside(el, pictures));
   const wide = all(".cell_input pre, .cell_output pre, .cell_output .output")
@@ -82,7 +85,7 @@ async () => {
   return {
     height: document.documentElement.scrollHeight,
     code: sum(code) + sum(toggles),
-    figures: sum(diagrams) + sum(animations) + sum(images),
+    figures: sum(diagrams) + sum(animations) + sum(images) + sum(live),
     diagrams: diagrams.length,
     animations: animations.length,
     wide_code: wide.filter((w) => w === "code").length,
