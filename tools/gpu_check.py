@@ -271,33 +271,125 @@ def check_triton(
                 f"output {str(ours.dtype).removeprefix('torch.')}",
             )
 
-    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    dtypes = (
+        [torch.float16, torch.bfloat16] if device.type == "cuda" else [torch.float32]
+    )
+    ratio_at = {}
+    for dtype in dtypes:
+        rows = []
+        for t in lengths:
+            B, H, d = 4, 16, 64
+            q, k, v = (
+                torch.randn(B, H, t, d, device=device, dtype=dtype) for _ in range(3)
+            )
+            flops = 4 * B * H * t * t * d / 2  # two matmuls, causal half
+            ours = best_time(partial(flash, q, k, v, causal=True), device, repeat)
+            ref = best_time(
+                partial(F.scaled_dot_product_attention, q, k, v, is_causal=True),
+                device,
+                repeat,
+            )
+            ratio_at[dtype, t] = ref / ours
+            rows.append(
+                {
+                    "T": t,
+                    "B x H x d": f"{B} x {H} x {d}",
+                    "triton ms": ours * 1e3,
+                    "sdpa ms": ref * 1e3,
+                    "triton TFLOP/s": flops / ours / 1e12,
+                    "sdpa TFLOP/s": flops / ref / 1e12,
+                    "triton / sdpa time": ours / ref,
+                }
+            )
+        report.line("")
+        report.line(
+            f"causal forward, {str(dtype).removeprefix('torch.')}, fastest of {repeat}:"
+        )
+        report.line("")
+        report.table(rows)
+    goal = (torch.bfloat16, 4096)
+    if goal in ratio_at:
+        speed = ratio_at[goal]
+        report.line("")
+        report.line(
+            f"goal: the Triton forward at >= 0.7x SDPA's speed in bfloat16 at T = 4096: "
+            f"{speed:.2f}x, {'reached' if speed >= 0.7 else 'NOT reached'}"
+        )
+    if device.type == "cuda":
+        launch_sweep(report, device, repeat=repeat)
+
+
+# the launch configurations the sweep tries: (block_m, block_n, num_warps, num_stages);
+# None = Triton's default. The first is what flash_attention launches by default.
+LAUNCHES = [
+    (64, 64, None, None),
+    (64, 64, 4, 3),
+    (128, 64, 4, 3),
+    (128, 64, 8, 3),
+    (128, 64, 8, 4),
+    (128, 128, 8, 3),
+    (128, 32, 4, 3),
+    (64, 128, 4, 3),
+    (128, 128, 8, 2),
+]
+
+
+def launch_sweep(report: Report, device, *, repeat: int, t: int = 4096):
+    """The forward kernel at bfloat16, T = ``t``, causal, under each of ``LAUNCHES``:
+    its error against SDPA and its time, to say which tiles and warps suit the GPU."""
+    from transformer_course import triton_kernels as tk
+    from transformer_course.measure import best_time
+
+    triton, kernel = tk._kernels()
+    B, H, d = 4, 16, 64
+    torch.manual_seed(0)
+    q, k, v = (
+        torch.randn(B * H, t, d, device=device, dtype=torch.bfloat16) for _ in range(3)
+    )
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    ref = best_time(
+        partial(F.scaled_dot_product_attention, q, k, v, is_causal=True), device, repeat
+    )
+    keep = torch.ones(1, 1, dtype=torch.int8, device=device)
+    scale = 1 / math.sqrt(d)
+    flops = 4 * B * H * t * t * d / 2
     rows = []
-    for t in lengths:
-        B, H, d = 4, 16, 64
-        q, k, v = (
-            torch.randn(B, H, t, d, device=device, dtype=dtype) for _ in range(3)
-        )
-        flops = 4 * B * H * t * t * d / 2  # two matmuls, causal half
-        ours = best_time(partial(flash, q, k, v, causal=True), device, repeat)
-        ref = best_time(
-            partial(F.scaled_dot_product_attention, q, k, v, is_causal=True),
-            device,
-            repeat,
-        )
-        rows.append(
-            {
-                "T": t,
-                "B x H x d": f"{B} x {H} x {d}",
-                "triton ms": ours * 1e3,
-                "sdpa ms": ref * 1e3,
-                "triton TFLOP/s": flops / ours / 1e12,
-                "sdpa TFLOP/s": flops / ref / 1e12,
-                "triton / sdpa time": ours / ref,
-            }
-        )
+    for block_m, block_n, warps, stages in LAUNCHES:
+        cfg = tk._Config(scale, H, False, True, "tf32", block_m, block_n)
+        launch = {
+            **tk._constants(cfg, triton, d),
+            **({"num_warps": warps} if warps else {}),
+            **({"num_stages": stages} if stages else {}),
+        }
+        out = torch.empty_like(q)
+        lse = torch.empty(B * H, t, device=device, dtype=torch.float32)
+        grid = (triton.cdiv(t, block_m), B * H)
+
+        def run(out=out, lse=lse, grid=grid, launch=launch):
+            kernel[grid](q, k, v, out, lse, keep, scale, t, t, H, d, **launch)
+
+        row = {"block_m x block_n": f"{block_m} x {block_n}"}
+        row["warps, stages"] = f"{warps or 'default'}, {stages or 'default'}"
+        try:
+            run()
+            err = (out.float() - want.float()).abs().max().item()
+            seconds = best_time(run, device, repeat)
+            row.update(
+                {
+                    "max abs error": err,
+                    "ms": seconds * 1e3,
+                    "TFLOP/s": flops / seconds / 1e12,
+                    "speed / sdpa": ref / seconds,
+                }
+            )
+        except Exception as err:  # noqa: BLE001 (a launch the GPU refuses: reported)
+            row["max abs error"] = f"{type(err).__name__}: {str(err)[:60]}"
+        rows.append(row)
+    report.line("")
     report.line(
-        f"causal forward, {str(dtype).removeprefix('torch.')}, fastest of {repeat}:"
+        f"launch sweep of the forward kernel, bfloat16, causal, B x H x T x d = "
+        f"{B} x {H} x {t} x {d}; SDPA {ref * 1e3:.3f} ms "
+        f"({flops / ref / 1e12:.0f} TFLOP/s), fastest of {repeat}:"
     )
     report.line("")
     report.table(rows)
