@@ -13,7 +13,9 @@ A chapter cell that shows a live view writes its ONNX files and vocab.json into
   tests) into the English site's ``_static/live/`` (the Chinese build, whose outdir is
   the English site's ``zh/``, copies into the same folder: its pages may name another
   export when its chapters executed apart from the English ones); the English build,
-  which runs first, removes the folders there that none of its pages names;
+  which runs first, removes the folders there that none of its pages names, and the
+  Chinese build removes its own copy of onnxruntime-web (14 MB: its pages load the
+  English site's, next to the models);
 - fails the build, naming the page and the file, when a config names a file missing
   from ``_build/.live`` (e.g. a chapter taken from the execution cache after the folder
   was deleted: delete ``_build/.jupyter_cache`` to execute it again).
@@ -33,6 +35,7 @@ from pathlib import Path
 from sphinx.errors import ExtensionError
 
 LIVE = "_static/live/"
+RUNTIME = "_static/vendor/onnxruntime"  # onnxruntime-web, copied by make book
 SERVED = (".onnx", "vocab.json")
 _CONFIG = re.compile(r'class="live-view"[^>]*?data-live-config="([^"]*)"')
 
@@ -113,6 +116,8 @@ def _build_finished(app, exception):
     from transformer_course.export import live_dir
 
     names = publish(Path(app.outdir), live_dir(), chinese=_is_chinese(app))
+    if _is_chinese(app):  # its pages load the English site's copy (course-live-root)
+        shutil.rmtree(Path(app.outdir) / RUNTIME, ignore_errors=True)
     if names:
         print(f"live_views: {len(names)} model file(s) in the site's {LIVE}")
 
