@@ -16,7 +16,8 @@ the machine it ran on and these ratios:
   ``torch.nn.MultiheadAttention`` with the same weights, forward and forward+backward;
 - a "Goals" table (issue 14) at the end; an existing "translation" entry of
   results.json and "## Translation..." sections of results.md (written by
-  ``benchmarks/translation.py``) are kept;
+  ``benchmarks/translation.py``), and likewise ``live_views.py``'s "live_views" entry
+  and "## Live views..." section, are kept;
 - sliding-window (banded) time
   against T; PyTorch's SDPA backends and ``torch.compile``; on a GPU, the Triton
   kernel's TFLOP/s against SDPA's;
@@ -930,15 +931,22 @@ def threads_text(one: dict, many: dict) -> list[str]:
     ]
 
 
+# Sections of results.md and keys of results.json that other scripts write and a
+# rewrite of the report keeps: benchmarks/translation.py's, benchmarks/live_views.py's
+KEPT_HEADINGS = ("## Translation", "## Live views")
+KEPT_KEYS = ("translation", "live_views")
+
+
 def kept_translation_sections(path: Path) -> list[str]:
-    """Sections of an existing report whose heading starts with "## Translation"
-    (written by ``benchmarks/translation.py``), kept as they are."""
+    """Sections of an existing report whose heading starts with one of
+    ``KEPT_HEADINGS`` (written by ``benchmarks/translation.py`` and
+    ``benchmarks/live_views.py``), kept as they are."""
     if not path.exists():
         return []
     kept, keep = [], False
     for line in path.read_text().splitlines():
         if line.startswith("## "):
-            keep = line.startswith("## Translation")
+            keep = line.startswith(KEPT_HEADINGS)
         if keep:
             kept.append(line)
     if kept and kept[-1].strip():
@@ -1215,10 +1223,9 @@ def main(argv=None) -> int:
     results["load"] = load_average()
     args.out.mkdir(parents=True, exist_ok=True)
     old_json = args.out / "results.json"
-    if old_json.exists():  # benchmarks/translation.py's results stay
+    if old_json.exists():  # translation.py's and live_views.py's results stay
         old = json.loads(old_json.read_text())
-        if "translation" in old:
-            results["translation"] = old["translation"]
+        results |= {k: old[k] for k in KEPT_KEYS if k in old}
     results["goals"] = goals(results)
     old_json.write_text(json.dumps(results, indent=2))
     write_markdown(results, args.out / "results.md")

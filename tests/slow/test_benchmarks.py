@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 RUN = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
+LIVE = RUN.with_name("live_views.py")
 
 
 @pytest.fixture(scope="module")
@@ -26,14 +27,17 @@ def test_smoke_run_writes_reports(bench, tmp_path):
         "train_seconds_mean": 95.0,
         "torch_threads": 2,
     }
-    (tmp_path / "results.json").write_text(json.dumps({"translation": translation}))
+    live = {"pages": {}, "goals": []}  # and benchmarks/live_views.py's
+    old = {"translation": translation, "live_views": live}
+    (tmp_path / "results.json").write_text(json.dumps(old))
     (tmp_path / "results.md").write_text(
-        "# old\n\n## Machine\n\nold\n\n## Translation: seeds\n\nkept row\n"
+        "# old\n\n## Machine\n\nold\n\n## Translation: seeds\n\nkept row\n\n"
+        "## Live views (benchmarks/live_views.py)\n\nlive row\n\n## Goals\n\nold goal\n"
     )
     assert bench.main(["--smoke", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["smoke"] and results["machine"]["torch"]
-    assert results["translation"] == translation
+    assert results["translation"] == translation and results["live_views"] == live
     for row in results["attention"]:
         assert row["T"] > 0
         for key in ("tiled/naive memory", "tiled/sdpa time", "naive/sdpa time"):
@@ -75,6 +79,8 @@ def test_smoke_run_writes_reports(bench, tmp_path):
         assert heading in text
     assert "## Flash-backward: training through tiled attention" in text
     assert "## Translation: seeds\n\nkept row" in text and "\nold\n" not in text
+    assert "## Live views (benchmarks/live_views.py)\n\nlive row" in text
+    assert "old goal" not in text
     goals = text[text.index("## Goals") :]
     assert goals.count("\n## ") == 0 and "| measure | now | goal | met? |" in goals
     assert "chapter 6 held-out exact match, mean over 3 seeds" in goals
@@ -232,3 +238,87 @@ def test_only_llm_runs_the_llm_benchmark_alone_and_merges_it(
     )
     assert calls == [tmp_path / "results.md"]
     assert any("SmolLM2" in g["measure"] for g in updated["goals"])
+
+
+@pytest.fixture(scope="module")
+def live():
+    spec = importlib.util.spec_from_file_location("live_views_bench", LIVE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _live_results(added_bytes, minilm_s, translator_s):
+    view = {"bytes": 1000, "load_s": 1.0, "press_to_answer_s": 1.5}
+    return {
+        "command": "python benchmarks/live_views.py",
+        "machine": {"platform": "test", "cpus": 2},
+        "started": "2026-01-01 00:00:00",
+        "pages": {
+            "book/03_multi_head": {
+                "first_load_bytes": 500_000 + added_bytes,
+                "first_load_bytes_without_live": 500_000,
+                "live_added_bytes": added_bytes,
+                "views": [
+                    {"kind": "heatmap"},
+                    {
+                        **view,
+                        "kind": "minilm",
+                        "first_answer_s": 0.5,
+                        "tokens": 20,
+                        "forward_s": minilm_s,
+                    },
+                    {
+                        **view,
+                        "kind": "translator",
+                        "first_answer_s": translator_s,
+                        "per_token_s": 0.01,
+                        "per_answer_s": 0.2,
+                    },
+                ],
+            }
+        },
+    }
+
+
+def test_live_views_goals_are_rows_met_only_within_the_budgets(live):
+    def met(*args):
+        return [g["met?"] for g in live.goals(_live_results(*args))]
+
+    # first load, translator, MiniLM, SmolLM2 (not built here)
+    assert met(60_000, 0.3, 0.2) == [True, True, True, "n/a"]
+    assert met(400_000, 2.5, 1.2) == [False, False, False, "n/a"]  # known wrong
+    no_views = _live_results(60_000, 0.3, 0.2)
+    no_views["pages"]["book/03_multi_head"]["views"] = []
+    assert [g["met?"] for g in live.goals(no_views)][1:3] == [False, False]
+
+
+def test_live_views_writes_its_section_and_a_run_py_rewrite_keeps_it(
+    live, bench, tmp_path
+):
+    (tmp_path / "results.json").write_text(json.dumps({"translation": {"kept": 1}}))
+    (tmp_path / "results.md").write_text(
+        "# Benchmarks\n\n## KV cache\n\nrow\n\n## Goals\n\ng\n"
+    )
+    live.update_shared_results(tmp_path, _live_results(60_000, 0.3, 0.2))
+    live.update_shared_results(tmp_path, _live_results(70_000, 0.4, 0.2))  # replaces
+    text = (tmp_path / "results.md").read_text()
+    assert text.count(live.HEADING) == 1 and "70.0 KB" in text and "60.0 KB" not in text
+    assert text.index("## KV cache") < text.index(live.HEADING) < text.index("## Goals")
+    assert "| measure | now | goal | met? |" in text.split(live.HEADING)[1]
+    shared = json.loads((tmp_path / "results.json").read_text())
+    assert shared["translation"] == {"kept": 1}
+    assert (
+        shared["live_views"]["pages"]["book/03_multi_head"]["live_added_bytes"]
+        == 70_000
+    )
+    kept = "\n".join(bench.kept_translation_sections(tmp_path / "results.md"))
+    assert (
+        kept.startswith(live.HEADING) and "70.0 KB" in kept and "## Goals" not in kept
+    )
+
+
+def test_live_views_without_a_built_site_exits_0_with_a_note(live, tmp_path, capsys):
+    assert live.main(["--site", str(tmp_path), "--out", str(tmp_path)]) == 0
+    assert "make book first" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []  # measured nothing, wrote nothing
