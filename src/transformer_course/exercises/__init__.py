@@ -12,7 +12,7 @@ variable ``TRANSFORMER_COURSE_LANG=zh``, which the Chinese notebooks' install ce
 switches them; ``_language`` and the catalog ``locale/zh/LC_MESSAGES/exercises.po`` hold
 the translations.
 
-- ``ch01`` ... ``ch10``: the checks of each chapter;
+- ``ch01`` ... ``ch11``: the checks of each chapter;
 - ``pitfalls``: the known-wrong functions the checks recognise;
 - ``_method``: how an answer computes (a call into the library's own version, a loop
   the exercise forbids, a row read at once where it is streamed), which the checks
@@ -84,6 +84,10 @@ from transformer_course.exercises.ch10 import (
     check_swiglu,
     check_unpermute_rows,
 )
+from transformer_course.exercises.ch11 import (
+    check_paged_gather,
+    check_speculative_accept,
+)
 
 __all__ = [
     "CheckError",
@@ -112,6 +116,7 @@ __all__ = [
     "check_online_softmax",
     "check_padding_invariance",
     "check_padding_mask",
+    "check_paged_gather",
     "check_patchify",
     "check_quantize_int8",
     "check_repeat_kv",
@@ -121,6 +126,7 @@ __all__ = [
     "check_sinusoidal_encoding",
     "check_soft_lookup",
     "check_soft_target_loss",
+    "check_speculative_accept",
     "check_split_heads",
     "check_split_qkv",
     "check_stable_softmax",

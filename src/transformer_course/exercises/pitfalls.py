@@ -523,3 +523,126 @@ def cache_bytes_group_ratio(n_layers, n_heads, n_kv_heads, d_k, nbytes, n_tokens
     """Chapter 10's KV-cache size with the group size ``n_heads // n_kv_heads`` for the
     number of KV heads: right by coincidence when n_heads = n_kv_heads^2."""
     return 2 * n_layers * (n_heads // n_kv_heads) * d_k * nbytes * n_tokens
+
+
+# ------------------------------------------------------------ serving (chapter 11)
+# A paged cache's gather: pool (N, H_kv, b, d), a block table (list of ints), length ->
+# the sequence's keys (H_kv, length, d).
+
+
+def gather_ignores_block_table(pool: Tensor, table: list[int], length: int) -> Tensor:
+    """Reads block j // b of the pool for token j: the logical block number used as
+    the physical one, as if every sequence owned the first blocks of the pool."""
+    j = torch.arange(length)
+    return pool[j // pool.shape[2], :, j % pool.shape[2]].transpose(0, 1)
+
+
+def gather_blocks_sorted(pool: Tensor, table: list[int], length: int) -> Tensor:
+    """Reads the sequence's blocks in pool order (sorted), not in table order: right
+    only while blocks happen to be handed out in increasing order."""
+    j = torch.arange(length)
+    blocks = torch.tensor(sorted(table))[j // pool.shape[2]]
+    return pool[blocks, :, j % pool.shape[2]].transpose(0, 1)
+
+
+def gather_flattened_heads_first(pool: Tensor, table: list[int], length: int) -> Tensor:
+    """Flattens the pool to token slots with ``reshape(N * b, H_kv, d)`` while the heads
+    axis still comes before the slots: heads and tokens mix (pitfall P8's cousin)."""
+    N, H, b, d = pool.shape
+    j = torch.arange(length)
+    slots = torch.tensor(table)[j // b] * b + j % b
+    return pool.reshape(N * b, H, d)[slots].transpose(0, 1)
+
+
+def gather_shifted_by_one(pool: Tensor, table: list[int], length: int) -> Tensor:
+    """Counts token positions from 1: token 0 is skipped and a slot past the end is
+    read (the first key lost, an unwritten one read)."""
+    b = pool.shape[2]
+    j = torch.arange(1, length + 1)
+    padded = [*table, table[-1]]  # room for the slot past the end
+    blocks = torch.tensor(padded)[j // b]
+    return pool[blocks, :, j % b].transpose(0, 1)
+
+
+# The speculative accept rule: draft (n,) long, p and q (n, V) -> the token kept or drawn
+# at each row (n,) long. Right: keep with probability min(1, p/q), else draw from
+# norm(max(0, p - q)).
+
+
+def _accept(draft, p, q, generator, ratio, residual):
+    px = p.gather(-1, draft[:, None])[:, 0]
+    qx = q.gather(-1, draft[:, None])[:, 0]
+    u = torch.rand(px.shape, generator=generator)
+    kept = u < ratio(px, qx)
+    drawn = torch.multinomial(residual(p, q), 1, generator=generator)[:, 0]
+    return torch.where(kept, draft, drawn)
+
+
+def _right_residual(p, q):
+    return (p - q).clamp_min(0)
+
+
+def accept_always(draft, p, q, generator=None):
+    """Keeps every draft: the output follows the drafter's q, not the model's p."""
+    return draft.clone()
+
+
+def accept_resample_from_p(draft, p, q, generator=None):
+    """min(1, p/q) right, but a rejected draft is replaced by a draw from p itself:
+    tokens that q over-proposes come out too often."""
+    return _accept(draft, p, q, generator, lambda px, qx: px / qx, lambda p, q: p)
+
+
+def accept_ratio_inverted(draft, p, q, generator=None):
+    """Keeps the draft with probability min(1, q/p): the ratio upside down."""
+    return _accept(
+        draft, p, q, generator, lambda px, qx: qx / px.clamp_min(1e-30), _right_residual
+    )
+
+
+def accept_with_probability_p(draft, p, q, generator=None):
+    """Keeps the draft with probability p(x), forgetting to divide by q(x) (right only
+    for a drafter whose q is one-hot, a greedy one)."""
+    return _accept(draft, p, q, generator, lambda px, qx: px, _right_residual)
+
+
+def accept_residual_q_minus_p(draft, p, q, generator=None):
+    """Draws a rejected draft's replacement from norm(max(0, q - p)): the sign swapped,
+    so the replacement is again a token the drafter over-proposes."""
+    return _accept(
+        draft,
+        p,
+        q,
+        generator,
+        lambda px, qx: px / qx,
+        lambda p, q: (q - p).clamp_min(0),
+    )
+
+
+def accept_ignores_draft(draft, p, q, generator=None):
+    """Draws every token from p: the right distribution, but the draft is kept only
+    when the draw happens to equal it, so speculation saves almost nothing."""
+    return torch.multinomial(p, 1, generator=generator)[:, 0]
+
+
+def accept_if_p_at_least_q(draft, p, q, generator=None):
+    """Keeps the draft exactly when p(x) >= q(x), without a random draw: a threshold
+    in place of the coin flip with probability p/q."""
+    return _accept(
+        draft, p, q, generator, lambda px, qx: (px >= qx).float() * 2, _right_residual
+    )
+
+
+# A prefix cache's block names (vLLM advisory GHSA-rm76-4mrf-v9r8, PR 12621).
+
+
+def block_name_builtin_hash(parent: int | None, tokens: list[int]) -> int:
+    """vLLM's block name before PR 12621: Python's ``hash((parent, tuple(tokens)))``,
+    the first block's parent ``None``. Since Python 3.12 ``hash(None)`` is a constant
+    and the hash of ints and tuples of ints never depended on ``PYTHONHASHSEED``, so
+    every name is the same in every process: anyone can compute them, and search
+    offline for a prompt whose block name equals another user's. The name is also
+    only 64 bits, and the parent enters it only modulo 2^61 - 1 (CPython's hash of an
+    int), so two different prefixes can give the same name. The fix: SHA-256 of the
+    parent's name and the token ids (``paged_cache.block_hash``)."""
+    return hash((parent, tuple(tokens)))
