@@ -13,11 +13,13 @@ from transformer_course.exercises import (
     CheckError,
     ShapeError,
     ch11,
+    check_kivi_keys,
     check_paged_gather,
     check_speculative_accept,
     pitfalls,
     set_language,
 )
+from transformer_course.kv_quant import dequantize, quantize
 from transformer_course.paged_cache import BlockPool, PagedKVCache
 from transformer_course.speculative import accept_or_resample
 
@@ -266,6 +268,67 @@ def test_the_librarys_accept_rule_is_refused(capsys):
     assert check_speculative_accept(library_rule, library_ok=True) is True  # numbers
 
 
+# ---------------------------------------------------- KIVI: keys per channel
+
+
+def own_kivi(k, bits):
+    lo, hi = k.amin(0), k.amax(0)
+    step = (hi - lo) / (2**bits - 1)
+    return ((k - lo) / step).round() * step + lo
+
+
+def kivi_codes(k, bits):  # right, through integer codes and a (1, d) scale
+    lo = k.min(dim=0, keepdim=True).values
+    scale = (k.max(dim=0, keepdim=True).values - lo) / (2**bits - 1)
+    codes = torch.round((k - lo) / scale).to(torch.uint8)
+    return codes.float() * scale + lo
+
+
+@param("answer", [own_kivi, kivi_codes])
+def test_right_kivi_keys_pass(answer, quiet_check):
+    assert quiet_check(check_kivi_keys, answer) is True
+
+
+def test_the_kivi_reference_agrees_with_the_librarys_quantize():
+    k = ch11._keys_group(torch.Generator().manual_seed(0))
+    want, steps = ch11._kivi_reference(k, 4)
+    assert torch.allclose(dequantize(*quantize(k, 4, 0)), want, atol=1e-6)
+    assert bool(((want - k).abs() <= steps / 2 + 1e-6).all())  # the stated bound
+
+
+KIVI_PITFALLS = [
+    (pitfalls.kivi_keys_per_token, "how KIVI quantizes values"),
+    (pitfalls.kivi_keys_one_scale, "one scale for the whole group"),
+    (pitfalls.kivi_keys_symmetric, "a symmetric scale"),
+    (pitfalls.kivi_keys_truncated, "truncated, not rounded"),
+    (pitfalls.kivi_keys_2_to_the_bits, "one more than 4 bits hold"),
+    (lambda k, bits: own_kivi(k, 8), "bits is ignored"),
+    (lambda k, bits: own_kivi(k, bits) + 0.01, "on channel 4's grid"),
+]
+
+
+@param("wrong, message", KIVI_PITFALLS, ids=[str(i) for i in range(7)])
+def test_each_kivi_mistake_gets_its_own_message(wrong, message, capsys):
+    assert check_kivi_keys(wrong) is False
+    printed = capsys.readouterr().out
+    assert message in printed and "Hint: " in printed, printed
+    assert len(printed.strip().splitlines()) == 2 and "Traceback" not in printed
+    with pytest.raises(CheckError):
+        check_kivi_keys.strict(wrong)
+    with pytest.raises(ShapeError):
+        check_kivi_keys.strict(lambda k, bits: own_kivi(k, bits).T)
+
+
+def test_the_librarys_quantize_is_refused(capsys):
+    def library_kivi(k, bits):
+        return dequantize(*quantize(k, bits, 0))
+
+    assert check_kivi_keys(library_kivi) is False
+    assert "calls the library's transformer_course.kv_quant.quantize" in (
+        capsys.readouterr().out
+    )
+
+
 # --------------------------------------------------------------------- Chinese
 
 
@@ -282,8 +345,11 @@ CJK = range(0x4E00, 0xA000)
 @param(
     "check, wrong",
     [(check_paged_gather, w) for w, _ in GATHER_PITFALLS]
-    + [(check_speculative_accept, w) for w, _ in ACCEPT_PITFALLS],
-    ids=[f"gather{i}" for i in range(6)] + [f"accept{i}" for i in range(8)],
+    + [(check_speculative_accept, w) for w, _ in ACCEPT_PITFALLS]
+    + [(check_kivi_keys, w) for w, _ in KIVI_PITFALLS],
+    ids=[f"gather{i}" for i in range(6)]
+    + [f"accept{i}" for i in range(8)]
+    + [f"kivi{i}" for i in range(7)],
 )
 def test_each_mistake_speaks_chinese(check, wrong, chinese, capsys):
     assert check(wrong) is False
@@ -294,5 +360,6 @@ def test_each_mistake_speaks_chinese(check, wrong, chinese, capsys):
 
 def test_a_pass_speaks_chinese(chinese, capsys):
     assert check_paged_gather(own_gather) and check_speculative_accept(own_accept)
+    assert check_kivi_keys(own_kivi)
     printed = capsys.readouterr().out.splitlines()
     assert all(line.startswith("通过：") for line in printed), printed

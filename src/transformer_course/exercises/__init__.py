@@ -85,6 +85,7 @@ from transformer_course.exercises.ch10 import (
     check_unpermute_rows,
 )
 from transformer_course.exercises.ch11 import (
+    check_kivi_keys,
     check_paged_gather,
     check_speculative_accept,
 )
@@ -103,6 +104,7 @@ __all__ = [
     "check_encoder_attention",
     "check_fully_masked_rows",
     "check_gqa_cache_bytes",
+    "check_kivi_keys",
     "check_label_smoothed_loss",
     "check_mask_polarity",
     "check_masked_attention",

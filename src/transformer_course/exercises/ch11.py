@@ -1,10 +1,10 @@
 """Chapter 11, attention at serving time: reading a sequence's keys through a paged
-cache's block table, and the speculative-sampling rule that keeps the model's
-distribution.
+cache's block table, the speculative-sampling rule that keeps the model's
+distribution, and KIVI's per-channel quantization of a group of keys.
 
 The references are written out here (an explicit loop over the tokens, the exact
 conditional distributions of each rule), so a check does not trust the library code
-(``paged_cache.py``, ``speculative.py``) it is testing a learner against.
+(``paged_cache.py``, ``speculative.py``, ``kv_quant.py``) it is testing a learner against.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from transformer_course.exercises._common import (
 )
 from transformer_course.exercises._language import N_
 from transformer_course.exercises._method import forbids
+from transformer_course.kv_quant import quantize
 from transformer_course.paged_cache import PagedKVCache, PagedLayerCache
 from transformer_course.speculative import accept_or_resample
 
@@ -387,3 +388,129 @@ def check_speculative_accept(fn: Callable[..., Tensor]) -> bool:
         "drafts are kept with probability min(1, p/q) and replaced from "
         "max(0, p - q): the tokens follow the model's p"
     )
+
+
+# ---------------------------------------------------- KIVI: keys per channel
+
+
+def _kivi_reference(k: Tensor, bits: int) -> tuple[Tensor, Tensor]:
+    """(dequantized keys, step of each channel (1, d)), channel by channel."""
+    levels = 2**bits - 1
+    out, steps = torch.empty_like(k), torch.empty(1, k.shape[1], dtype=k.dtype)
+    for c in range(k.shape[1]):
+        lo, hi = k[:, c].min(), k[:, c].max()
+        step = (hi - lo) / levels if hi > lo else torch.ones((), dtype=k.dtype)
+        out[:, c] = ((k[:, c] - lo) / step).round().clamp(0, levels) * step + lo
+        steps[0, c] = step
+    return out, steps
+
+
+def _keys_group(gen: torch.Generator) -> Tensor:
+    """A group of G = 6 keys with d = 5 channels, channel 2 twenty times larger and
+    every channel off centre (KIVI, figure 2: keys have outlier channels)."""
+    k = torch.randn(6, 5, generator=gen) + torch.tensor([0.5, -1.0, 0.0, 2.0, 0.3])
+    return k * torch.tensor([1.0, 0.5, 20.0, 1.5, 0.8])
+
+
+@exercise_check
+@forbids(quantize)
+def check_kivi_keys(fn: Callable[[Tensor, int], Tensor]) -> bool:
+    """Chapter 11, exercise "keys per channel": ``fn(k, bits)`` gets a group of keys k
+    (G, d) float32 (G tokens, d channels) and must return them quantized to ``bits``
+    bits and dequantized, (G, d): per channel c, with lo and hi the minimum and maximum
+    of k[:, c] over the G tokens, step s = (hi - lo) / (2^bits - 1), code
+    round((k - lo) / s) and value code * s + lo, so every key is within s / 2 of the
+    original (KIVI, Liu et al. 2024, section 3.2; asymmetric quantization, Jacob et
+    al. 2018, section 2.1). A channel with hi == lo comes back exactly.
+
+    Raises:
+        CheckError: a wrong shape (``ShapeError``); one scale per token (KIVI's values),
+            one for the whole group, a symmetric scale, truncation instead of rounding,
+            2^bits steps instead of 2^bits - 1, the bits ignored, a call to the library's
+            ``kv_quant.quantize``, or any other difference (the key farthest off).
+    """
+    gen = torch.Generator().manual_seed(116)
+    k = _keys_group(gen)
+    for bits in (4, 2):
+        want, steps = _kivi_reference(k, bits)
+        got = fn(k.clone(), bits)
+        check_shape(got, tuple(k.shape), "keys")
+        got = got.detach().to(k.dtype)
+        if torch.allclose(got, want, rtol=1e-5, atol=1e-5):
+            continue
+        for wrong, message, hint in (
+            (
+                pitfalls.kivi_keys_per_token,
+                N_(
+                    "one scale per token, over its channels: that is how KIVI "
+                    "quantizes values; for keys channel {big}'s large range sets "
+                    "every token's step"
+                ),
+                N_(
+                    "reduce over the tokens (axis 0), not over the channels: each "
+                    "channel gets its own minimum and step."
+                ),
+            ),
+            (
+                pitfalls.kivi_keys_one_scale,
+                N_(
+                    "one scale for the whole group: every channel shares channel {big}'s step"
+                ),
+                N_("take the minimum and maximum of each channel separately."),
+            ),
+            (
+                pitfalls.kivi_keys_symmetric,
+                N_(
+                    "a symmetric scale, max |k| / (2^(bits-1) - 1): a channel off "
+                    "centre wastes the codes on one side of zero"
+                ),
+                N_(
+                    "asymmetric: subtract each channel's minimum, then spread "
+                    "2^bits - 1 steps from its minimum to its maximum."
+                ),
+            ),
+            (
+                pitfalls.kivi_keys_truncated,
+                N_(
+                    "the codes are truncated, not rounded: errors up to a whole step, "
+                    "all of one sign"
+                ),
+                N_("round to the nearest code; the error is then at most half a step."),
+            ),
+            (
+                pitfalls.kivi_keys_2_to_the_bits,
+                N_(
+                    "the step is (max - min) / 2^bits: each channel's maximum needs "
+                    "code 2^bits, one more than {bits} bits hold"
+                ),
+                N_(
+                    "{bits} bits give 2^bits codes, 0 to 2^bits - 1: that is "
+                    "2^bits - 1 steps from the minimum to the maximum."
+                ),
+            ),
+            (
+                lambda k, bits: _kivi_reference(k, 8)[0],
+                N_(
+                    "with bits = {bits} the keys are as precise as with 8 bits: bits is ignored"
+                ),
+                N_("use bits for the number of codes: 2^bits of them."),
+            ),
+        ):
+            if torch.allclose(got, wrong(k.clone(), bits), rtol=1e-5, atol=1e-5):
+                fail(message, hint, big=2, bits=bits)
+        off = (got - want).abs() / steps  # in steps of each channel
+        t, c = divmod(int(off.argmax()), k.shape[1])
+        fail(
+            "with bits = {bits} key ({t}, {c}) is {got:.4f}, expected {want:.4f}: "
+            "the original {orig:.4f} on channel {c}'s grid of step {step:.4f}",
+            "compute channel {c} by hand: its minimum, its step (max - min) / "
+            "(2^bits - 1), the code of each key rounded, then code * step + minimum.",
+            bits=bits,
+            t=t,
+            c=c,
+            got=got[t, c].item(),
+            want=want[t, c].item(),
+            orig=k[t, c].item(),
+            step=steps[0, c].item(),
+        )
+    return passed("keys quantized per channel: each within half its channel's step")

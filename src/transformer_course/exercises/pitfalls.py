@@ -646,3 +646,47 @@ def block_name_builtin_hash(parent: int | None, tokens: list[int]) -> int:
     int), so two different prefixes can give the same name. The fix: SHA-256 of the
     parent's name and the token ids (``paged_cache.block_hash``)."""
     return hash((parent, tuple(tokens)))
+
+
+# KIVI's keys: k (G, d), a group of G tokens' keys, and bits -> the dequantized keys
+# (G, d). Right: one asymmetric scale and minimum per channel (over the G tokens).
+
+
+def _asymmetric(k: Tensor, bits: int, dim, levels=None, rounding=torch.round) -> Tensor:
+    levels = 2**bits - 1 if levels is None else levels
+    lo, hi = k.amin(dim, keepdim=True), k.amax(dim, keepdim=True)
+    scale = (hi - lo) / levels
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return rounding((k - lo) / scale).clamp(0, 2**bits - 1) * scale + lo
+
+
+def kivi_keys_per_token(k: Tensor, bits: int) -> Tensor:
+    """One scale per token (over its channels), as KIVI quantizes values: a key's
+    outlier channel then sets the step of every channel of that token."""
+    return _asymmetric(k, bits, -1)
+
+
+def kivi_keys_one_scale(k: Tensor, bits: int) -> Tensor:
+    """One scale and minimum for the whole group of keys."""
+    return _asymmetric(k, bits, (0, 1))
+
+
+def kivi_keys_symmetric(k: Tensor, bits: int) -> Tensor:
+    """Symmetric per channel: scale max |k| / (2^(bits-1) - 1), no minimum, codes
+    centred on zero; a channel that is not centred wastes half its codes."""
+    levels = 2 ** (bits - 1) - 1
+    scale = k.abs().amax(0, keepdim=True) / levels
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return (k / scale).round().clamp(-levels, levels) * scale
+
+
+def kivi_keys_truncated(k: Tensor, bits: int) -> Tensor:
+    """Per channel, but codes truncated (floor) instead of rounded: errors up to a whole
+    step, all in one direction."""
+    return _asymmetric(k, bits, 0, rounding=torch.floor)
+
+
+def kivi_keys_2_to_the_bits(k: Tensor, bits: int) -> Tensor:
+    """Per channel with step (max - min) / 2^bits: 2^bits + 1 levels asked of 2^bits
+    codes, so the channel's maximum is clipped to the code below."""
+    return _asymmetric(k, bits, 0, levels=2**bits)
