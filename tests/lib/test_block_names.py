@@ -1,4 +1,4 @@
-"""Prefix-cache block names (chapter 11's pitfall, from a public report): vLLM named a
+"""Prefix-cache block names (pitfall P19, chapter 11, from a public report): vLLM named a
 full block with Python's ``hash((parent, tuple(tokens)))`` until advisory
 GHSA-rm76-4mrf-v9r8 (PR 12621; SHA-256 the default since vLLM 0.10.2). Known wrong:
 ``pitfalls.block_name_builtin_hash``, whose names are the same in every process (so an

@@ -633,7 +633,7 @@ def accept_if_p_at_least_q(draft, p, q, generator=None):
     )
 
 
-# A prefix cache's block names (vLLM advisory GHSA-rm76-4mrf-v9r8, PR 12621).
+# A prefix cache's block names (pitfall P19: vLLM advisory GHSA-rm76-4mrf-v9r8, PR 12621).
 
 
 def block_name_builtin_hash(parent: int | None, tokens: list[int]) -> int:
