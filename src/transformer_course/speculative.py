@@ -182,15 +182,31 @@ def accept_or_resample(
     return kept, torch.where(kept, draft, drawn)
 
 
+@dataclass(frozen=True)
+class SpeculativeStep:
+    """One verifying pass: the sequence had ``start`` tokens, the drafter proposed
+    ``draft``, the first ``accepted`` of them were kept, and the model added ``token``
+    (its correction of the first rejected draft, or one more token when all were
+    kept)."""
+
+    start: int
+    draft: tuple[int, ...]
+    accepted: int
+    token: int
+
+
 @dataclass
 class SpeculativeStats:
     """``drafted`` draft tokens proposed, ``accepted`` of them kept, ``passes`` forward
-    passes of the model (the prompt's included), ``new_tokens`` tokens produced."""
+    passes of the model (the prompt's included), ``new_tokens`` tokens produced;
+    ``steps``: one ``SpeculativeStep`` per verifying pass when recorded
+    (``speculative_generate(..., record=True)``), else None."""
 
     drafted: int = 0
     accepted: int = 0
     passes: int = 0
     new_tokens: int = 0
+    steps: list[SpeculativeStep] | None = None
 
     @property
     def acceptance_rate(self) -> float:
@@ -215,6 +231,7 @@ def speculative_generate(
     eos_token_id: int | Collection[int] | None = None,
     generator: torch.Generator | None = None,
     accept=accept_or_resample,
+    record: bool = False,
 ) -> tuple[Tensor, SpeculativeStats]:
     """Continue one prompt with ``model``, ``drafter`` proposing up to ``k`` tokens a
     pass; greedy (``temperature`` 0) output equals ``decoding.generate``'s token for
@@ -227,6 +244,8 @@ def speculative_generate(
             ``cfg.max_len``). temperature, top_k, top_p, eos_token_id, generator: as
             ``generate`` (a row that produces a stop token ends there).
         accept: the sampling rule (``accept_or_resample``; tests pass wrong ones).
+        record: keep each pass's drafts, how many were kept and the model's token in
+            ``stats.steps`` (for ``viz.animations.speculative_animation``).
 
     Returns:
         (ids (1, T + n) with n <= max_new_tokens, a ``SpeculativeStats``).
@@ -245,7 +264,11 @@ def speculative_generate(
         )
     stop = _stop_ids(eos_token_id, ids.device)
     stop = set() if stop is None else set(stop.tolist())
+    if not isinstance(record, bool):
+        raise TypeError(f"record: expected True or False, got {record!r}")
     tokens, n_prompt, stats = ids[0].tolist(), ids.shape[1], SpeculativeStats()
+    if record:
+        stats.steps = []
     caches = new_caches(model, n_prompt + max_new_tokens + k + 1)  # holds tokens[:-1]
     with torch.inference_mode():
         if n_prompt > 1:
@@ -283,6 +306,11 @@ def speculative_generate(
                     last = int(torch.multinomial(p[n], 1, generator=generator))
                 new = draft[:kept] + [last]
             stats.drafted, stats.accepted = stats.drafted + n, stats.accepted + kept
+            if record:
+                step = SpeculativeStep(
+                    len(tokens), tuple(map(int, draft)), kept, new[-1]
+                )
+                stats.steps.append(step)
             for cache in caches:  # drop the rejected drafts' keys and values
                 cache.crop(len(tokens) + kept)
             for token in new:

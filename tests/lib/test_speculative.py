@@ -222,3 +222,32 @@ def test_bad_inputs_raise_clear_errors(tiny_config):
         speculative_generate(model, torch.ones(1, 3), 2, drafter)
     with pytest.raises(ValueError, match="temperature: expected a number >= 0"):
         ModelDrafter(model, temperature=-1.0)
+
+
+def _copy_run(model, **kw):
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5]])
+    return ids, *speculative_generate(model, ids, 16, PromptLookupDrafter(), k=4, **kw)
+
+
+@param("temperature", [0.0, 1.0])
+def test_the_record_rebuilds_the_output_and_changes_nothing(tiny_config, temperature):
+    model = _model(tiny_config)
+    g = torch.Generator().manual_seed(3)
+    ids, out, stats = _copy_run(
+        model, record=True, temperature=temperature, generator=g
+    )
+    g = torch.Generator().manual_seed(3)
+    _, plain, plain_stats = _copy_run(model, temperature=temperature, generator=g)
+    assert plain_stats.steps is None  # not recorded unless asked for
+    assert torch.equal(plain, out)  # recording changes nothing
+    tokens, start = ids[0].tolist(), ids.shape[1]
+    for st in stats.steps:
+        assert st.start == len(tokens) and 0 <= st.accepted <= len(st.draft)
+        tokens += [*st.draft[: st.accepted], st.token]
+    assert tokens[: out.shape[1]] == out[0].tolist()
+    assert len(tokens) - start >= stats.new_tokens  # more only after a stop token
+    assert len(stats.steps) == stats.passes - 1
+    assert sum(len(st.draft) for st in stats.steps) == stats.drafted
+    assert sum(st.accepted for st in stats.steps) == stats.accepted
+    with pytest.raises(TypeError, match="record: expected True or False, got 'yes'"):
+        _copy_run(model, record="yes")
