@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 from matplotlib.animation import FuncAnimation
+from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 from torch import nn
 
@@ -22,8 +23,14 @@ from transformer_course.attention import MultiHeadAttention
 from transformer_course.decoding import KVCache
 from transformer_course.layers import TransformerLayer
 from transformer_course.masks import causal_mask
-from transformer_course.model import Transformer
+from transformer_course.model import DecoderOnlyLM, Transformer, TransformerConfig
+from transformer_course.paged_cache import BlockPool, PagedKVCache
 from transformer_course.pretrained import MiniLMEncoder
+from transformer_course.speculative import (
+    PromptLookupDrafter,
+    SpeculativeStats,
+    speculative_generate,
+)
 from transformer_course.student import make_student
 from transformer_course.vision import Captioner
 from transformer_course.viz import (
@@ -33,12 +40,22 @@ from transformer_course.viz import (
     set_alt_text,
     style,
 )
+from transformer_course.viz.animations import (
+    paged_pool_animation,
+    speculative_animation,
+)
+from transformer_course.viz.animations.serving import (
+    MAX_FRAMES,
+    _pool_frames,
+    _speculative_frames,
+)
 from transformer_course.viz.diagrams import (
     diagram,
     side_by_side,
     teacher_student_diagram,
 )
 from transformer_course.viz.interactive import static_html
+from transformer_course.viz.paged import PagedTrace, paged_cache_schematic, pool_state
 from transformer_course.viz.plots import (
     attention_grid,
     attention_heatmap,
@@ -1517,3 +1534,272 @@ def test_as_array_is_the_one_converter_and_rejects_empty_or_misshapen_input():
         as_array("weights", [1.0, 2.0, 3.0], 2, "(T, N)")
     with pytest.raises(ValueError, match=r"probs: expected a non-empty array"):
         as_array("probs", torch.empty(0, 4), 2)
+
+
+# chapter 11: the paged cache's schematic and pool animation, drawn from a real run of
+# PagedKVCache operations; the speculative animation from a recorded run
+
+SERVING_SYSTEM = [
+    5,
+    6,
+    7,
+    8,
+    9,
+    10,
+    11,
+    12,
+]  # two full blocks of 4: a shared system prompt
+
+
+@pytest.fixture(scope="module")
+def serving_model():
+    cfg = TransformerConfig(
+        src_vocab_size=20,
+        tgt_vocab_size=40,
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        dropout=0.0,
+        max_len=64,
+        n_layers=2,
+        n_kv_heads=2,
+        positional="rope",
+        norm="rms",
+        activation="swiglu",
+        bias=False,
+        scale_embeddings=False,
+    )
+    torch.manual_seed(0)
+    return DecoderOnlyLM(cfg).eval()
+
+
+def _serving_run(model, n_blocks=7):
+    """Two requests, two decoding steps, the second request ends, a third arrives with
+    the first one's system prompt. Returns the trace and, after each recorded
+    operation, the cache's tables, lengths, refs and free list read directly."""
+    trace = PagedTrace(
+        PagedKVCache(
+            BlockPool.for_model(model, n_blocks, block_size=4, prefix_caching=True)
+        )
+    )
+    cache, seen = trace.cache, []
+
+    def look():
+        seen.append(
+            (
+                {s: list(t) for s, t in cache.block_tables.items()},
+                {s: len(t) for s, t in cache.tokens.items()},
+                list(cache.pool.refs),
+                list(cache.pool.free),
+            )
+        )
+
+    p0, p1, p2 = (
+        SERVING_SYSTEM + [1, 2, 3],
+        [3, 4, 5, 6, 7, 8],
+        SERVING_SYSTEM + [20, 21, 22, 23, 24, 25],
+    )
+    a, _ = trace.add_sequence(p0)
+    b, _ = trace.add_sequence(p1)
+    nxt = trace.step(model, [a, b], [p0, p1])
+    look()
+    for _ in range(2):
+        nxt = trace.step(model, [a, b], [[t] for t in nxt])
+        look()
+    trace.free(b)
+    look()
+    c, shared = trace.add_sequence(p2)
+    assert shared == 8  # the system prompt's two blocks
+    trace.step(model, [a, c], [[nxt[0]], p2[shared:]])
+    look()
+    return trace, seen
+
+
+def test_paged_trace_states_are_the_caches_own(serving_model):
+    trace, seen = _serving_run(serving_model)
+    assert len(trace.states) == len(seen) == 5
+    for state, (tables, lengths, refs, free) in zip(trace.states, seen):
+        assert {s: list(t) for s, t in state.tables.items()} == tables
+        assert state.lengths == lengths
+        assert list(state.refs) == refs and list(state.free) == free
+    first, ended, last = trace.states[0], trace.states[3], trace.states[-1]
+    assert first.caption.startswith("s0 arrives (11 tokens); s1 arrives (6 tokens)")
+    assert "s1 ends" in ended.caption and 1 not in ended.tables
+    assert "s2 arrives (14 tokens, 8 found in the pool)" in last.caption
+    # the third request reads the first one's two system-prompt blocks (2 readers)
+    # and reuses a block the ended request handed back
+    shared = last.tables[0][:2]
+    assert last.tables[2][:2] == shared and [last.refs[x] for x in shared] == [2, 2]
+    assert set(last.tables[2][2:]) & set(trace.states[2].tables[1])
+    assert last.label(shared[0]) == "s0 s2 \u00d72"
+    with pytest.raises(TypeError, match="cache: expected a PagedKVCache, got dict"):
+        pool_state({})
+    with pytest.raises(TypeError, match="cache: expected a PagedKVCache"):
+        PagedTrace(trace.states[0])
+
+
+@needs_dot
+def test_paged_cache_schematic_lists_the_blocks_and_tables_of_the_cache(serving_model):
+    trace, _ = _serving_run(serving_model)
+    cache = trace.cache
+    d = paged_cache_schematic(cache)
+    tables = [p[1:] for p in d.parts if p[0] == "table"]
+    assert tables == [
+        (s, tuple(t), len(cache.tokens[s]))
+        for s, t in sorted(cache.block_tables.items())
+    ]
+    blocks = [p[1:] for p in d.parts if p[0] == "block"]
+    assert [b for b, *_ in blocks] == list(range(cache.pool.n_blocks))
+    for b, holders, refs, filled in blocks:
+        assert refs == cache.pool.refs[b]
+        assert holders == tuple(
+            s for s, t in sorted(cache.block_tables.items()) if b in t
+        )
+        if holders:  # slots written: the holder's tokens that fall in this block
+            s = holders[0]
+            j = cache.block_tables[s].index(b)
+            assert filled == min(4, len(cache.tokens[s]) - 4 * j)
+    assert (
+        f"a pool of {cache.pool.n_blocks} blocks of 4 tokens, {cache.pool.n_used} in use"
+        in d.alt_text
+    )
+    assert "Shared: block 0 by 2 sequences, block 1 by 2 sequences" in d.alt_text
+    svg = d.svg()
+    assert svg.count("<title>") >= 1 and "s0 s2 \u00d72" in svg
+    # one arrow per table entry, in its sequence's colour
+    entries = sum(len(t) for t in cache.block_tables.values())
+    assert len(re.findall(r'class="edge"', svg)) == entries
+    assert d.min_text_px() >= style.MIN_TEXT_PX
+    assert 'data-min-text-px="' in d._repr_html_()
+    with pytest.raises(TypeError, match="cache: expected a PagedKVCache, got list"):
+        paged_cache_schematic([])
+
+
+def _is_white(patch) -> bool:
+    return to_hex(patch.get_facecolor()) == "#ffffff"
+
+
+def test_pool_animation_frames_draw_each_recorded_state(serving_model):
+    trace, seen = _serving_run(serving_model)
+    fig, update, n = _pool_frames(trace.states)
+    assert n == len(seen)
+    for frame, (tables, lengths, refs, free) in enumerate(seen):
+        update(frame)
+        ax = fig.axes[0]
+        texts = {t.get_gid(): t.get_text() for t in ax.texts if t.get_gid()}
+        slots = {p.get_gid(): p for p in ax.patches if p.get_gid()}
+        for b in range(len(refs)):
+            holders = [s for s, t in sorted(tables.items()) if b in t]
+            want = " ".join(f"s{s}" for s in holders) if holders else None
+            if want and refs[b] > 1:
+                want += f" \u00d7{refs[b]}"
+            if want:
+                assert texts[f"label{b}"] == want
+                s = holders[0]
+                written = min(4, lengths[s] - 4 * tables[s].index(b))
+                assert [not _is_white(slots[f"slot{b}_{i}"]) for i in range(4)] == [
+                    i < written for i in range(4)
+                ]
+            else:
+                assert texts[f"label{b}"] in ("free", "cached") and b in free
+        for s, table in tables.items():
+            assert [texts[f"entry{s}_{j}"] for j in range(len(table))] == [
+                str(x) for x in table
+            ]
+        assert (
+            f"{len(refs) - len(free)} of {len(refs)} blocks in use"
+            in fig._suptitle.get_text()
+        )
+        assert style.smallest_text_pt(fig) * fig.dpi / 72 >= style.MIN_TEXT_PX
+    assert fig.get_figwidth() * fig.dpi <= style.COLUMN_PX
+    plt.close(fig)
+    html = paged_pool_animation(trace.states).data
+    assert html.count("data:image/png;base64") == n
+    assert (
+        float(re.search(r'data-min-text-px="([\d.]+)"', html)[1]) >= style.MIN_TEXT_PX
+    )
+    assert "s1 ends, its blocks are handed back" in html  # the alt text
+
+
+def test_pool_animation_rejects_wrong_states(serving_model):
+    trace, _ = _serving_run(serving_model)
+    other, _ = _serving_run(serving_model, n_blocks=9)
+    with pytest.raises(ValueError, match="states: expected at least one PoolState"):
+        paged_pool_animation([])
+    with pytest.raises(TypeError, match=r"states\[1\]: expected a PoolState"):
+        paged_pool_animation([trace.states[0], trace.cache])
+    with pytest.raises(
+        ValueError, match=r"states\[1\]: expected the pool of states\[0\] \(7 blocks"
+    ):
+        paged_pool_animation([trace.states[0], other.states[0]])
+    with pytest.raises(ValueError, match=f"states: expected at most {MAX_FRAMES}"):
+        paged_pool_animation(trace.states * 4)
+
+
+def _speculative(model, **kw):
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5]])
+    return ids, *speculative_generate(model, ids, 16, PromptLookupDrafter(), k=4, **kw)
+
+
+def test_speculative_animation_frames_draw_each_pass(serving_model):
+    _, out, stats = _speculative(serving_model, record=True)
+    fig, update, n = _speculative_frames(out, stats, lambda i: f"t{i}", 12)
+    assert n == min(12, len(stats.steps))
+    kept_color = to_hex(style.ROLE_COLORS["value"])
+    for frame, st in enumerate(stats.steps[:n]):
+        update(frame)
+        ax = fig.axes[0]
+        texts = {t.get_gid(): t for t in ax.texts if t.get_gid()}
+        assert [texts[f"draft{j}"].get_text() for j in range(len(st.draft))] == [
+            f"t{x}" for x in st.draft
+        ]
+        assert f"draft{len(st.draft)}" not in texts
+        assert texts["model"].get_text() == f"t{st.token}"
+        # the model's token sits under the first rejected draft (or after the last)
+        x_model = texts["model"].get_position()[0]
+        if st.draft:
+            x_first = texts["draft0"].get_position()[0]
+            assert x_model - x_first == pytest.approx(st.accepted)
+        boxes = [p for p in ax.patches if to_hex(p.get_facecolor()) == kept_color]
+        assert len(boxes) == st.accepted
+        assert (
+            f"{len(st.draft)} drafted, {st.accepted} kept" in fig._suptitle.get_text()
+        )
+        line = fig.axes[1].lines[0]  # tokens so far
+        assert list(line.get_ydata()) == list(
+            torch.tensor([s.accepted + 1 for s in stats.steps[: frame + 1]])
+            .cumsum(0)
+            .tolist()
+        )
+        assert style.smallest_text_pt(fig) * fig.dpi / 72 >= style.MIN_TEXT_PX
+    plt.close(fig)
+    html = speculative_animation(out, stats, max_steps=3).data
+    assert html.count("data:image/png;base64") == 3
+    assert (
+        float(re.search(r'data-min-text-px="([\d.]+)"', html)[1]) >= style.MIN_TEXT_PX
+    )
+
+
+def test_speculative_animation_rejects_wrong_records(serving_model):
+    _, out, stats = _speculative(serving_model, record=True)
+    _, _, unrecorded = _speculative(serving_model)
+    with pytest.raises(
+        ValueError, match=r"stats: expected recorded steps .*none recorded"
+    ):
+        speculative_animation(out, unrecorded)
+    with pytest.raises(TypeError, match="stats: expected a SpeculativeStats, got dict"):
+        speculative_animation(out, {})
+    wrong = out.clone()
+    wrong[0, -stats.new_tokens] += 1  # the first produced token changed
+    with pytest.raises(
+        ValueError, match=r"ids: expected the output to continue at position 14"
+    ):
+        speculative_animation(wrong, stats)
+    st = stats.steps[0]
+    bad = SpeculativeStats(
+        steps=[type(st)(st.start, st.draft, len(st.draft) + 1, st.token)]
+    )
+    with pytest.raises(ValueError, match=r"stats: steps\[0\] keeps"):
+        speculative_animation(out, bad)
+    with pytest.raises(ValueError, match="max_steps"):
+        speculative_animation(out, stats, max_steps=0)

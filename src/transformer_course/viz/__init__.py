@@ -15,6 +15,7 @@ from transformer_course.viz.animations import (
     head_pruning_animation,
     kv_cache_animation,
     mask_scores_animation,
+    paged_pool_animation,
     query_scan_animation,
     rotary_pairs_animation,
     scaled_scores_animation,
@@ -22,6 +23,7 @@ from transformer_course.viz.animations import (
     soft_target_animation,
     softmax_animation,
     softmax_saturation_animation,
+    speculative_animation,
     split_merge_animation,
     tiles_animation,
     weighted_sum_animation,
@@ -29,6 +31,7 @@ from transformer_course.viz.animations import (
 )
 from transformer_course.viz.diagrams import diagram, teacher_student_diagram
 from transformer_course.viz.interactive import interactive, static_mode
+from transformer_course.viz.paged import PagedTrace, paged_cache_schematic
 from transformer_course.viz.plots import (
     alt_text,
     attention_grid,
@@ -49,6 +52,7 @@ register_alt_text_display()  # alt text for every figure in the book build
 
 __all__ = [
     "ROLE_COLORS",
+    "PagedTrace",
     "alt_text",
     "animation_html",
     "attention_grid",
@@ -68,6 +72,8 @@ __all__ = [
     "kv_cache_animation",
     "kv_cache_diagram",
     "mask_scores_animation",
+    "paged_cache_schematic",
+    "paged_pool_animation",
     "query_scan_animation",
     "rotary_pairs_animation",
     "scaled_scores_animation",
@@ -76,6 +82,7 @@ __all__ = [
     "soft_target_animation",
     "softmax_animation",
     "softmax_saturation_animation",
+    "speculative_animation",
     "split_merge_animation",
     "static_mode",
     "teacher_student_diagram",

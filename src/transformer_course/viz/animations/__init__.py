@@ -46,6 +46,10 @@ from transformer_course.viz.animations.scaling import (
     scaled_scores_animation,
     softmax_saturation_animation,
 )
+from transformer_course.viz.animations.serving import (
+    paged_pool_animation,
+    speculative_animation,
+)
 
 __all__ = [
     "animation_html",
@@ -60,6 +64,7 @@ __all__ = [
     "head_pruning_animation",
     "kv_cache_animation",
     "mask_scores_animation",
+    "paged_pool_animation",
     "query_scan_animation",
     "rotary_pairs_animation",
     "scaled_scores_animation",
@@ -67,6 +72,7 @@ __all__ = [
     "soft_target_animation",
     "softmax_animation",
     "softmax_saturation_animation",
+    "speculative_animation",
     "split_merge_animation",
     "tiles_animation",
     "weighted_sum_animation",
