@@ -219,6 +219,36 @@ def tiny_config():
     return make
 
 
+@pytest.fixture(scope="session")
+def tiny_lm():
+    """A factory of tiny Llama-style ``DecoderOnlyLM``s in eval mode, weights drawn after
+    ``torch.manual_seed(0)``: rotary positions, RMSNorm, SwiGLU, no biases, 4 query heads
+    sharing 2 key/value heads, d_model 32, 2 layers, a vocabulary of 40, 48 positions
+    (chapter 11's serving tests); keyword arguments override the config."""
+    from transformer_course.model import DecoderOnlyLM, TransformerConfig
+
+    def make(**overrides):
+        base = {
+            "src_vocab_size": 20,
+            "tgt_vocab_size": 40,
+            "d_model": 32,
+            "n_heads": 4,
+            "n_kv_heads": 2,
+            "d_ff": 64,
+            "n_layers": 2,
+            "dropout": 0.0,
+            "max_len": 48,
+            "positional": "rope",
+            "norm": "rms",
+            "activation": "swiglu",
+            "bias": False,
+        }
+        torch.manual_seed(0)
+        return DecoderOnlyLM(TransformerConfig(**{**base, **overrides})).eval()
+
+    return make
+
+
 @pytest.fixture
 def qkv():
     """A factory of random queries, keys and values:

@@ -16,7 +16,6 @@ from transformer_course.kv_quant import (
     quantized_bytes_per_token,
     unpack_int4,
 )
-from transformer_course.model import DecoderOnlyLM
 
 param = pytest.mark.parametrize
 B, H, S, D = 2, 3, 45, 8
@@ -125,22 +124,8 @@ def test_bytes_held_match_the_formula_and_shrink_with_bits(bits):
     ) < quantized_bytes_per_token(1, H, D, 8, group_size=G)
 
 
-def _lm(tiny_config):
-    cfg = tiny_config(
-        tgt_vocab_size=40,
-        max_len=48,
-        n_kv_heads=2,
-        positional="rope",
-        norm="rms",
-        activation="swiglu",
-        bias=False,
-    )
-    torch.manual_seed(0)
-    return DecoderOnlyLM(cfg).eval()
-
-
-def test_in_generate_sinks_covering_everything_give_the_float_tokens(tiny_config):
-    model = _lm(tiny_config)
+def test_in_generate_sinks_covering_everything_give_the_float_tokens(tiny_lm):
+    model = tiny_lm()
     ids = torch.randint(1, 40, (2, 9), generator=torch.Generator().manual_seed(3))
     ref = generate(model, ids, 12)
     exact = functools.partial(QuantizedKVCache, 4, n_sink=48)

@@ -13,7 +13,6 @@ import torch
 from transformer_course.decoding import new_caches
 from transformer_course.exercises import pitfalls
 from transformer_course.kv_cache import KVCache
-from transformer_course.model import DecoderOnlyLM
 from transformer_course.paged_cache import (
     BlockPool,
     PagedKVCache,
@@ -25,21 +24,8 @@ param = pytest.mark.parametrize
 LENGTHS = (3, 9, 14, 1)  # prompts shorter than, equal to and across blocks of 4
 
 
-def _model(tiny_config, positional="rope", **kw):
-    cfg = tiny_config(
-        tgt_vocab_size=40,
-        max_len=48,
-        n_layers=2,
-        n_kv_heads=2,
-        positional=positional,
-        norm="rms",
-        activation="swiglu",
-        bias=False,
-        scale_embeddings=False,
-        **kw,
-    )
-    torch.manual_seed(0)
-    return DecoderOnlyLM(cfg).eval()
+def _model(tiny_lm, positional="rope", **kw):
+    return tiny_lm(positional=positional, scale_embeddings=False, **kw)
 
 
 def _prompts(lengths=LENGTHS, seed=1):
@@ -80,8 +66,8 @@ def _paged(model, pool, prompts, n_steps, corrupt=None):
 
 @param("positional", ["rope", "alibi", "learned"])
 @torch.no_grad()
-def test_paged_equals_contiguous_for_a_batch_of_varied_lengths(tiny_config, positional):
-    model = _model(tiny_config, positional)
+def test_paged_equals_contiguous_for_a_batch_of_varied_lengths(tiny_lm, positional):
+    model = _model(tiny_lm, positional)
     prompts = _prompts()
     pool = BlockPool.for_model(model, n_blocks=24, block_size=4)
     logits, produced, cache, seqs = _paged(model, pool, prompts, n_steps=6)
@@ -98,8 +84,8 @@ def test_paged_equals_contiguous_for_a_batch_of_varied_lengths(tiny_config, posi
 
 
 @torch.no_grad()
-def test_an_off_by_one_block_table_gives_different_logits(tiny_config):
-    model = _model(tiny_config)
+def test_an_off_by_one_block_table_gives_different_logits(tiny_lm):
+    model = _model(tiny_lm)
     prompts = _prompts()
     pool = BlockPool.for_model(model, n_blocks=24, block_size=4)
 
@@ -115,8 +101,8 @@ def test_an_off_by_one_block_table_gives_different_logits(tiny_config):
         assert torch.allclose(logits[b], ref, atol=1e-5, rtol=0)
 
 
-def test_freed_blocks_are_reused_least_recently_freed_first(tiny_config):
-    pool = BlockPool.for_model(_model(tiny_config), n_blocks=6, block_size=4)
+def test_freed_blocks_are_reused_least_recently_freed_first(tiny_lm):
+    pool = BlockPool.for_model(_model(tiny_lm), n_blocks=6, block_size=4)
     cache = PagedKVCache(pool)
     a, _ = cache.add_sequence()
     b, _ = cache.add_sequence()
@@ -134,8 +120,8 @@ def test_freed_blocks_are_reused_least_recently_freed_first(tiny_config):
     assert pool.peak_used == 5
 
 
-def test_preallocated_bytes_are_what_kv_cache_allocates(tiny_config):
-    model = _model(tiny_config)
+def test_preallocated_bytes_are_what_kv_cache_allocates(tiny_lm):
+    model = _model(tiny_lm)
     pool = BlockPool.for_model(model, n_blocks=8, block_size=4)
     caches = [KVCache(48, grow=False) for _ in model.layers]
     ids = torch.ones((len(LENGTHS), 1), dtype=torch.long)
@@ -160,8 +146,8 @@ def _serve_prefix(model, pool, prompts):
 
 
 @torch.no_grad()
-def test_a_shared_prefix_is_computed_once_and_changes_no_logits(tiny_config):
-    model = _model(tiny_config)
+def test_a_shared_prefix_is_computed_once_and_changes_no_logits(tiny_lm):
+    model = _model(tiny_lm)
     system = _prompts((10,), seed=2)[0]
     prompts = [system + tail for tail in _prompts((3, 6, 1), seed=3)] + [system[:8]]
     pool = BlockPool.for_model(model, n_blocks=12, block_size=4, prefix_caching=True)
@@ -192,10 +178,8 @@ def _share_then_overwrite(model, pool, system, tails):
 
 
 @torch.no_grad()
-def test_a_shared_block_without_a_reference_count_is_overwritten(
-    tiny_config, monkeypatch
-):
-    model = _model(tiny_config)
+def test_a_shared_block_without_a_reference_count_is_overwritten(tiny_lm, monkeypatch):
+    model = _model(tiny_lm)
     system = _prompts((8,), seed=2)[0]
     tails = _prompts((2, 3, 5), seed=6)
     ref = model(torch.tensor([system + tails[1]]))[0, -1]
@@ -212,8 +196,8 @@ def test_a_shared_block_without_a_reference_count_is_overwritten(
     assert (wrong - ref).abs().max() > 1e-3
 
 
-def test_bad_inputs_raise_clear_errors(tiny_config):
-    model = _model(tiny_config)
+def test_bad_inputs_raise_clear_errors(tiny_lm):
+    model = _model(tiny_lm)
     with pytest.raises(TypeError, match="block_size: expected an int"):
         BlockPool(2, 2, 8, n_blocks=4, block_size=2.0)
     with pytest.raises(ValueError, match="n_blocks: expected an int >= 1"):

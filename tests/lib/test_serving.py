@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from transformer_course.decoding import generate
-from transformer_course.model import DecoderOnlyLM
 from transformer_course.paged_cache import BlockPool
 from transformer_course.serving import serve
 
@@ -14,25 +13,8 @@ param = pytest.mark.parametrize
 
 
 @pytest.fixture(scope="module")
-def model():
-    from transformer_course.model import TransformerConfig
-
-    cfg = TransformerConfig(
-        tgt_vocab_size=40,
-        d_model=32,
-        n_heads=4,
-        n_kv_heads=2,
-        d_ff=64,
-        n_layers=2,
-        dropout=0.0,
-        max_len=48,
-        positional="rope",
-        norm="rms",
-        activation="swiglu",
-        bias=False,
-    )
-    torch.manual_seed(0)
-    return DecoderOnlyLM(cfg).eval()
+def model(tiny_lm):
+    return tiny_lm()
 
 
 def _prompts(lengths, seed=1, prefix=()):

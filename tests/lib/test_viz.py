@@ -23,7 +23,7 @@ from transformer_course.attention import MultiHeadAttention
 from transformer_course.decoding import KVCache
 from transformer_course.layers import TransformerLayer
 from transformer_course.masks import causal_mask
-from transformer_course.model import DecoderOnlyLM, Transformer, TransformerConfig
+from transformer_course.model import Transformer
 from transformer_course.paged_cache import BlockPool, PagedKVCache
 from transformer_course.pretrained import MiniLMEncoder
 from transformer_course.speculative import (
@@ -1552,25 +1552,8 @@ SERVING_SYSTEM = [
 
 
 @pytest.fixture(scope="module")
-def serving_model():
-    cfg = TransformerConfig(
-        src_vocab_size=20,
-        tgt_vocab_size=40,
-        d_model=32,
-        n_heads=4,
-        d_ff=64,
-        dropout=0.0,
-        max_len=64,
-        n_layers=2,
-        n_kv_heads=2,
-        positional="rope",
-        norm="rms",
-        activation="swiglu",
-        bias=False,
-        scale_embeddings=False,
-    )
-    torch.manual_seed(0)
-    return DecoderOnlyLM(cfg).eval()
+def serving_model(tiny_lm):
+    return tiny_lm(max_len=64, scale_embeddings=False)
 
 
 def _serving_run(model, n_blocks=7):
