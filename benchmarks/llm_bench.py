@@ -60,7 +60,9 @@ def models(smoke: bool):
     return ours, theirs, ids, f"SmolLM2-135M-Instruct, float32, prompt {PROMPT!r}"
 
 
-def hf_generate(model, ids, n_new):
+def hf_generate(model, ids, n_new, **options):
+    """transformers' greedy ``generate`` of exactly ``n_new`` tokens (no stop token);
+    ``options`` go to ``generate`` too (e.g. ``prompt_lookup_num_tokens``)."""
     return model.generate(
         ids,
         attention_mask=torch.ones_like(ids),
@@ -68,6 +70,7 @@ def hf_generate(model, ids, n_new):
         do_sample=False,
         eos_token_id=None,
         pad_token_id=0,
+        **options,
     )
 
 

@@ -190,14 +190,8 @@ def _contenders(ours, theirs, ids, n_new) -> dict:
             ours, ids, n_new, PromptLookupDrafter(), k=K
         ),
         "transformers": lambda: llm_bench.hf_generate(theirs, ids, n_new),
-        "transformers lookup": lambda: theirs.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=n_new,
-            do_sample=False,
-            prompt_lookup_num_tokens=K,
-            pad_token_id=0,
-            eos_token_id=None,
+        "transformers lookup": lambda: llm_bench.hf_generate(
+            theirs, ids, n_new, prompt_lookup_num_tokens=K
         ),
     }
 
