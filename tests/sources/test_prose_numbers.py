@@ -46,6 +46,8 @@ ALLOWED: dict[str, str] = {
     # versions and identifiers
     "Since version 2.5": "the PyTorch release that changed the behaviour (PR 133882)",
     "Mistral 7B": "a model's name",
+    "since Python 3.12 neither": "the Python release that made hash(None) a constant "
+    "(chapter 11's pitfall P19)",
     # chapter 1
     "passes about 88 in float32": "a property of float32 (ln of its largest value), "
     "printed by the cell below",
