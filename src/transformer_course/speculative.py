@@ -184,7 +184,7 @@ def accept_or_resample(
 
 @dataclass(frozen=True)
 class SpeculativeStep:
-    """One verifying pass: the sequence had ``start`` tokens, the drafter proposed
+    """One pass: the sequence had ``start`` tokens, the drafter proposed
     ``draft``, the first ``accepted`` of them were kept, and the model added ``token``
     (its correction of the first rejected draft, or one more token when all were
     kept)."""
@@ -198,7 +198,10 @@ class SpeculativeStep:
 @dataclass
 class SpeculativeStats:
     """``drafted`` draft tokens proposed, ``accepted`` of them kept, ``passes`` forward
-    passes of the model (the prompt's included), ``new_tokens`` tokens produced;
+    passes of the model (the first reads the prompt and checks the first drafts, as
+    transformers' assisted generation does; each adds its kept drafts and one token of
+    the model's, so ``new_tokens`` = ``accepted`` + ``passes`` unless a stop token
+    ends a pass early), ``new_tokens`` tokens produced;
     ``steps``: one ``SpeculativeStep`` per verifying pass when recorded
     (``speculative_generate(..., record=True)``), else None."""
 
@@ -214,7 +217,7 @@ class SpeculativeStats:
 
     @property
     def tokens_per_pass(self) -> float:
-        return self.new_tokens / max(self.passes - 1, 1)  # the prompt's pass aside
+        return self.new_tokens / max(self.passes, 1)  # plain decoding: 1
 
 
 @in_eval_mode  # eval mode, no gradients; the model's mode is restored
@@ -269,11 +272,9 @@ def speculative_generate(
     tokens, n_prompt, stats = ids[0].tolist(), ids.shape[1], SpeculativeStats()
     if record:
         stats.steps = []
-    caches = new_caches(model, n_prompt + max_new_tokens + k + 1)  # holds tokens[:-1]
+    caches = new_caches(model, n_prompt + max_new_tokens + k)
+    cached = 0  # tokens whose keys the caches hold: after each pass, all but the last
     with torch.inference_mode():
-        if n_prompt > 1:
-            model(ids[:, :-1], caches=caches, logits_to_keep=1)
-        stats.passes += 1
         while len(tokens) - n_prompt < max_new_tokens:
             room = min(k, max_new_tokens - (len(tokens) - n_prompt) - 1)
             room = min(room, model.cfg.max_len - len(tokens))
@@ -281,10 +282,13 @@ def speculative_generate(
                 drafter.propose(tokens, room, generator) if room > 0 else ([], None)
             )
             draft, q = draft[:room], (None if q is None else q[: len(draft[:room])])
-            x = torch.tensor([[tokens[-1], *draft]], device=ids.device)  # (1, 1 + n)
-            logits = model(x, caches=caches)[0].float()  # (1 + n, V)
-            stats.passes += 1
             n = len(draft)
+            # the first pass reads the prompt and checks the first drafts with it
+            x = torch.tensor([tokens[cached:] + draft], device=ids.device)
+            logits = model(x, caches=caches, logits_to_keep=1 + n)[
+                0
+            ].float()  # (1 + n, V)
+            stats.passes += 1
             if temperature == 0:
                 target = logits.argmax(-1).tolist()
                 kept = 0
@@ -311,8 +315,9 @@ def speculative_generate(
                     len(tokens), tuple(map(int, draft)), kept, new[-1]
                 )
                 stats.steps.append(step)
+            cached = len(tokens) + kept
             for cache in caches:  # drop the rejected drafts' keys and values
-                cache.crop(len(tokens) + kept)
+                cache.crop(cached)
             for token in new:
                 tokens.append(token)
                 if token in stop:

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from transformer_course.decoding import generate
 from transformer_course.kv_cache import KVCache
-from transformer_course.model import DecoderOnlyLM
+from transformer_course.model import DecoderOnlyLM, output_projection
 from transformer_course.speculative import (
     ModelDrafter,
     PromptLookupDrafter,
@@ -68,7 +68,7 @@ def test_greedy_speculative_equals_greedy_token_for_token(tiny_config, k):
         for drafter in drafters:
             out, stats = speculative_generate(model, ids, N_NEW, drafter, k=k)
             assert torch.equal(out, ref), (prompt, drafter)
-            assert stats.new_tokens == N_NEW == stats.accepted + stats.passes - 1
+            assert stats.new_tokens == N_NEW == stats.accepted + stats.passes
             assert 0 <= stats.accepted <= stats.drafted
             accepted += stats.accepted
     assert accepted > 0  # drafts were kept, so the passes verified several tokens
@@ -229,6 +229,24 @@ def _copy_run(model, **kw):
     return ids, *speculative_generate(model, ids, 16, PromptLookupDrafter(), k=4, **kw)
 
 
+def test_the_first_pass_reads_the_prompt_and_checks_its_drafts(tiny_config):
+    model = _model(tiny_config)
+    widths = []  # new tokens of each call of the model
+    hook = model.register_forward_pre_hook(
+        lambda module, args, kwargs: widths.append(args[0].shape[1]), with_kwargs=True
+    )
+    try:
+        ids, out, stats = _copy_run(model, record=True)
+    finally:
+        hook.remove()
+    assert torch.equal(out, generate(model, ids, 16))
+    first = stats.steps[0]
+    assert first.start == ids.shape[1] and len(first.draft) > 0  # the prompt recurs
+    assert widths[0] == ids.shape[1] + len(first.draft)  # no pass for the prompt alone
+    assert len(widths) == stats.passes == len(stats.steps)
+    assert widths[1:] == [1 + len(st.draft) for st in stats.steps[1:]]
+
+
 @param("temperature", [0.0, 1.0])
 def test_the_record_rebuilds_the_output_and_changes_nothing(tiny_config, temperature):
     model = _model(tiny_config)
@@ -246,8 +264,28 @@ def test_the_record_rebuilds_the_output_and_changes_nothing(tiny_config, tempera
         tokens += [*st.draft[: st.accepted], st.token]
     assert tokens[: out.shape[1]] == out[0].tolist()
     assert len(tokens) - start >= stats.new_tokens  # more only after a stop token
-    assert len(stats.steps) == stats.passes - 1
+    assert len(stats.steps) == stats.passes
     assert sum(len(st.draft) for st in stats.steps) == stats.drafted
     assert sum(st.accepted for st in stats.steps) == stats.accepted
     with pytest.raises(TypeError, match="record: expected True or False, got 'yes'"):
         _copy_run(model, record="yes")
+
+
+def test_the_output_projection_of_a_few_rows_is_the_linear_layer(monkeypatch):
+    torch.manual_seed(0)
+    out = torch.nn.Linear(24, 300)
+    products = []  # torch.mm's calls: the (V, D) @ (D, N) layout used
+    mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b: products.append(a.shape) or mm(a, b))
+    for shape in [(1, 1), (1, 2), (2, 3), (1, 5), (4, 4), (1, 17), (3, 9)]:
+        x = torch.randn(*shape, 24)
+        products.clear()
+        y = output_projection(out, x)
+        assert y.shape == (*shape, 300) and y.is_contiguous()
+        torch.testing.assert_close(y, out(x), rtol=1e-5, atol=1e-5)
+        assert products == ([(300, 24)] if 1 < x[..., 0].numel() <= 16 else [])
+    seen = []  # a hooked head (a trace) is called as a module, its hook runs
+    out.register_forward_hook(lambda module, args, y: seen.append(y.shape))
+    products.clear()
+    output_projection(out, torch.randn(1, 5, 24))
+    assert seen == [(1, 5, 300)] and products == []
