@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from numbers import Number
 
+import matplotlib.pyplot as plt
 from IPython.display import HTML, display
 from matplotlib.figure import Figure
 
@@ -97,6 +98,7 @@ def static_html(
         if alt is None and isinstance(fig, Figure):
             alt = alt_text(fig)
         frames["-".join(map(str, idx))] = _png(fig, dpi)
+        plt.close(fig)  # else Jupyter shows every pre-rendered figure below the view
     uid = "tc-" + uuid.uuid4().hex[:10]
     parts = []
     for i, (name, o) in enumerate(zip(names, opts)):
@@ -188,7 +190,10 @@ def interactive(
             made[name] = widgets.Dropdown(options=opts, description=name)
 
     def show(**values):
-        display(fn(**values))
+        fig = fn(**values)
+        display(fig)
+        if isinstance(fig, Figure):
+            plt.close(fig)  # shown in the view only, not again below the cell
 
     out = widgets.interactive_output(show, made)
     return widgets.VBox([widgets.HBox(list(made.values())), out])
