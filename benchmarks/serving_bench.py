@@ -2,7 +2,7 @@
 quantized KV cache, and speculative decoding against plain and transformers' decoding.
 
 Run through ``benchmarks/run.py`` (``--only serving`` runs only this), one torch
-thread, float32, greedy:
+thread (speculative decoding also on all cores), float32, greedy:
 
 - paged memory: a batch of chat requests of varied lengths served together (each ends
   at ``<|im_end|>`` or after ``N_NEW`` tokens): the most bytes the pool held against
@@ -13,8 +13,8 @@ thread, float32, greedy:
   (KIVI layout), and the greedy tokens that agree with the float cache's;
 - speculative decoding on prompts whose answers repeat their input: tokens per second
   of plain ``generate``, prompt-lookup ``speculative_generate``, and ``transformers``'
-  ``generate`` without and with ``prompt_lookup_num_tokens``, side by side; the tokens
-  and the acceptance rate.
+  ``generate`` without and with ``prompt_lookup_num_tokens``, side by side, on each
+  thread count; the tokens and the acceptance rate.
 
 ``--smoke`` uses ``llm_bench``'s tiny random Llama so that the tests run it in seconds.
 """
@@ -196,35 +196,44 @@ def _contenders(ours, theirs, ids, n_new) -> dict:
     }
 
 
-def _speculative(ours, theirs, prompts, n_new, side_by_side, rounds) -> list[dict]:
+def _speculative(
+    ours, theirs, prompts, n_new, side_by_side, rounds, threads, thread_counts
+) -> list[dict]:
+    """One row per prompt and thread count: the four decoders side by side."""
     rows = []
     for i, p in enumerate(prompts):
         ids = torch.tensor([p])
         ref = generate(ours, ids, n_new)
         spec, stats = speculative_generate(ours, ids, n_new, PromptLookupDrafter(), k=K)
         hf = llm_bench.hf_generate(theirs, ids, n_new)
-        best = side_by_side(_contenders(ours, theirs, ids, n_new), "cpu", repeat=rounds)
-        rows.append(
-            {
-                "prompt": i,
-                "prompt tokens": ids.shape[1],
-                "same tokens": torch.equal(spec, ref) and torch.equal(spec, hf),
-                "acceptance rate": stats.acceptance_rate,
-                "tokens/pass": stats.tokens_per_pass,
-                "generate tokens/s": n_new / best["generate"],
-                "speculative tokens/s": n_new / best["speculative"],
-                "transformers tokens/s": n_new / best["transformers"],
-                "transformers lookup tokens/s": n_new / best["transformers lookup"],
-                "speculative speed-up": best["generate"] / best["speculative"],
-                "speculative/transformers lookup time": best["speculative"]
-                / best["transformers lookup"],
-            }
-        )
+        for n in thread_counts:
+            with threads(n) as used:
+                best = side_by_side(
+                    _contenders(ours, theirs, ids, n_new), "cpu", repeat=rounds
+                )
+            rows.append(
+                {
+                    "prompt": i,
+                    "threads": used,
+                    "prompt tokens": ids.shape[1],
+                    "same tokens": torch.equal(spec, ref) and torch.equal(spec, hf),
+                    "acceptance rate": stats.acceptance_rate,
+                    "tokens/pass": stats.tokens_per_pass,
+                    "generate tokens/s": n_new / best["generate"],
+                    "speculative tokens/s": n_new / best["speculative"],
+                    "transformers tokens/s": n_new / best["transformers"],
+                    "transformers lookup tokens/s": n_new / best["transformers lookup"],
+                    "speculative speed-up": best["generate"] / best["speculative"],
+                    "speculative/transformers lookup time": best["speculative"]
+                    / best["transformers lookup"],
+                }
+            )
     return rows
 
 
-def bench_serving(smoke: bool, threads, side_by_side) -> dict:
-    """The measurements above; ``threads`` and ``side_by_side`` are run.py's."""
+def bench_serving(smoke: bool, thread_counts, threads, side_by_side) -> dict:
+    """The measurements above, on one torch thread; speculative decoding also on each
+    of ``thread_counts``. ``threads`` and ``side_by_side`` are run.py's."""
     ours, theirs, _, what = llm_bench.models(smoke)
     tok, eos = None, None
     if not smoke:
@@ -236,16 +245,25 @@ def bench_serving(smoke: bool, threads, side_by_side) -> dict:
     n_new = 8 if smoke else N_NEW
     with threads(1) as used:
         questions = _prompts(smoke, tok, QUESTIONS)
-        return {
+        result = {
             "model": what.split(", prompt ")[0],  # llm_bench's prompt is not used here
             "torch threads": used,
             "paged": _paged_memory(ours, questions, n_new, eos),
             "prefix": _prefix(ours, _prompts(smoke, tok, QUESTIONS, SYSTEM)),
             "quantized": _quantized(ours, questions[: 2 if smoke else 4], n_new),
-            "speculative": _speculative(
-                ours, theirs, _prompts(smoke, tok, REPEAT), n_new, side_by_side, 2
-            ),
         }
+    repeating = _prompts(smoke, tok, REPEAT)
+    spec = _speculative(
+        ours,
+        theirs,
+        repeating,
+        n_new,
+        side_by_side,
+        1 if smoke else 3,
+        threads,
+        thread_counts,
+    )
+    return result | {"speculative": spec}
 
 
 def markdown(result: dict, table, alone: str | None = None) -> list[str]:
@@ -271,9 +289,10 @@ def markdown(result: dict, table, alone: str | None = None) -> list[str]:
         table(result["quantized"]),
         "",
         (
-            f"Speculative decoding: prompt lookup, k = {K}, against `generate` and "
-            "transformers' `generate` (with and without `prompt_lookup_num_tokens`), "
-            "side by side."
+            f"Speculative decoding: prompt lookup (`PromptLookupDrafter()`: n-grams of "
+            f"3 down to 2 tokens), k = {K}, against `generate` and transformers' "
+            "`generate` (with and without `prompt_lookup_num_tokens`, whose n-grams go "
+            "down to 1 token), side by side, on one torch thread and on all cores."
         ),
         "",
         table(result["speculative"]),

@@ -67,11 +67,20 @@ class PromptLookupDrafter:
     often in the prompt, which is what an answer that repeats its input copies (on
     SmolLM2's copy prompts it keeps more drafts than the latest occurrence does).
 
+    ``min_ngram`` is 2 by default, as vLLM's n-gram drafter asks for at least
+    ``prompt_lookup_min`` matching tokens (transformers' prompt lookup goes down to 1):
+    a lone recurring token (a space, a comma) is weak evidence, and a pass that checks
+    wrong drafts costs more than a plain step (on one CPU thread SmolLM2's pass over 2
+    tokens costs 1.5 to 1.7 passes over 1). On chapter 11's benchmark prompts it
+    proposes fewer drafts and keeps a larger share of them, and it slows answers that
+    repeat nothing less (``benchmarks/serving_bench.py``).
+
     Raises TypeError / ValueError unless 1 <= min_ngram <= max_ngram are ints.
-    Source: Saxena 2023, "Prompt Lookup Decoding" (transformers' prompt lookup).
+    Source: Saxena 2023, "Prompt Lookup Decoding" (transformers' prompt lookup); vLLM's
+    ``SpeculativeConfig`` (``prompt_lookup_min``, ``prompt_lookup_max``).
     """
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 2):
         _validation.positive_int("min_ngram", min_ngram)
         _validation.positive_int("max_ngram", max_ngram, min_ngram)
         self.max_ngram, self.min_ngram = max_ngram, min_ngram

@@ -180,11 +180,22 @@ def test_sampled_speculative_first_tokens_follow_the_model(tiny_config):
 
 
 def test_prompt_lookup_copies_what_followed_the_first_occurrence():
-    drafter = PromptLookupDrafter(max_ngram=2)
+    drafter = PromptLookupDrafter(max_ngram=2, min_ngram=1)
     assert drafter.propose([1, 2, 3, 9, 1, 2, 4, 5, 1, 2], 3) == ([3, 9, 1], None)
     assert drafter.propose([8, 1, 2, 3, 9, 1, 2], 8) == ([3, 9, 1, 2], None)
     assert drafter.propose([5, 6, 7, 8], 3) == ([], None)  # nothing recurs
     assert drafter.propose([5, 6, 7, 5], 4) == ([6, 7, 5], None)  # 1-gram fallback
+
+
+def test_prompt_lookup_needs_two_matching_tokens_by_default():
+    """A lone recurring token proposes nothing (vLLM's prompt_lookup_min); a 2-gram
+    does, and a 3-gram is preferred to it."""
+    drafter = PromptLookupDrafter()
+    assert (drafter.max_ngram, drafter.min_ngram) == (3, 2)
+    assert drafter.propose([5, 6, 7, 5], 4) == ([], None)
+    assert drafter.propose([5, 6, 7, 8, 6, 7], 2) == ([8, 6], None)
+    # "1 2" first recurs at 0, "0 1 2" at 3: the longer match decides
+    assert drafter.propose([1, 2, 4, 0, 1, 2, 9, 0, 1, 2], 1) == ([9], None)
     with pytest.raises(ValueError, match="max_ngram: expected an int >= 2"):
         PromptLookupDrafter(max_ngram=1, min_ngram=2)
 

@@ -122,6 +122,39 @@ def test_flash_backward_goals_met_only_within_both_limits(bench):
     assert goals(0.01, 4096, 2.5) == [False, True]  # memory must be at T = 8192
 
 
+def test_serving_goals_are_per_thread_count_and_take_the_worst_prompt(bench):
+    """Issue 43's goal rows: for each thread count, the worst prompt's speed-up over
+    generate (>= 1.5) and its time against transformers' prompt lookup (< 1.0); one
+    slow prompt or one slower than transformers fails its own thread count only."""
+
+    def row(threads, speedup, against_hf):
+        return {
+            "threads": threads,
+            "speculative speed-up": speedup,
+            "speculative/transformers lookup time": against_hf,
+        }
+
+    serving = {
+        "torch threads": 1,
+        "speculative": [
+            row(1, 1.9, 0.8),
+            row(2, 2.0, 0.7),
+            row(1, 1.3, 0.9),  # one thread: a prompt under 1.5x
+            row(2, 1.6, 1.1),  # all cores: a prompt slower than transformers
+        ],
+    }
+    goals = bench.serving_goals(serving)
+    assert [g["measure"][-11:] for g in goals] == ["threads = 1"] * 2 + [
+        "threads = 2"
+    ] * 2
+    assert [g["met?"] for g in goals] == [False, True, True, False]
+    assert [g["now"] for g in goals] == ["1.30", "0.90", "1.60", "1.10"]
+    old = {"torch threads": 1, "speculative": [row(1, 1.7, 0.9)]}
+    del old["speculative"][0]["threads"]  # results.json written before the column
+    assert [g["met?"] for g in bench.serving_goals(old)] == [True, True]
+    assert bench.serving_goals(None) == []
+
+
 def test_translation_goal_needs_the_mean_the_lowest_seed_and_the_time(bench):
     """The Goals row for chapter 6 is met only with the mean exact match, the lowest
     seed's and the training time all within the goal (99.9%, 99.8%, 120 s)."""
