@@ -801,11 +801,11 @@ def serving_goals(serving: dict | None) -> list[dict]:
     for each thread count measured."""
     if not serving:
         return []
-    spec = serving["speculative"]
-    counts = dict.fromkeys(r.get("threads", serving["torch threads"]) for r in spec)
+    by_threads: dict[int, list[dict]] = {}  # rows written before "threads": one count
+    for r in serving["speculative"]:
+        by_threads.setdefault(r.get("threads", serving["torch threads"]), []).append(r)
     rows = []
-    for n in counts:
-        runs = [r for r in spec if r.get("threads", serving["torch threads"]) == n]
+    for n, runs in by_threads.items():
         worst = min(r["speculative speed-up"] for r in runs)
         against_hf = max(r["speculative/transformers lookup time"] for r in runs)
         rows += [

@@ -185,6 +185,8 @@ def test_prompt_lookup_copies_what_followed_the_first_occurrence():
     assert drafter.propose([8, 1, 2, 3, 9, 1, 2], 8) == ([3, 9, 1, 2], None)
     assert drafter.propose([5, 6, 7, 8], 3) == ([], None)  # nothing recurs
     assert drafter.propose([5, 6, 7, 5], 4) == ([6, 7, 5], None)  # 1-gram fallback
+    with pytest.raises(ValueError, match="max_ngram: expected an int >= 2"):
+        PromptLookupDrafter(max_ngram=1, min_ngram=2)
 
 
 def test_prompt_lookup_needs_two_matching_tokens_by_default():
@@ -196,8 +198,6 @@ def test_prompt_lookup_needs_two_matching_tokens_by_default():
     assert drafter.propose([5, 6, 7, 8, 6, 7], 2) == ([8, 6], None)
     # "1 2" first recurs at 0, "0 1 2" at 3: the longer match decides
     assert drafter.propose([1, 2, 4, 0, 1, 2, 9, 0, 1, 2], 1) == ([9], None)
-    with pytest.raises(ValueError, match="max_ngram: expected an int >= 2"):
-        PromptLookupDrafter(max_ngram=1, min_ngram=2)
 
 
 def test_first_layers_share_the_models_weights(tiny_config):
